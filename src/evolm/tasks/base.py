@@ -1,0 +1,125 @@
+"""The Task interface: draw examples, render prompts, extract answers, and score completions.
+
+Design decisions:
+
+- An ``Example`` is plain data (id, question text, gold answer, metadata); a ``Task`` holds only its
+  knobs (difficulty, prompt wording) and is otherwise stateless.
+- Scoring is split in two pure steps so reward conventions are interchangeable:
+  ``task.check(completion, example) -> Verdict`` (did the completion follow the answer format, is the
+  answer right) and ``rewards.REWARDS[name](verdict) -> float``. ``task.reward(completion, example)``
+  composes them with the task's configured convention. No step has side effects.
+- Prompts go through the tokenizer's chat template when it has one (instruct models) and are plain
+  text otherwise (base models). The task supplies a short system message, because the default one of
+  some templates (SmolLM2's) costs 16 prompt tokens per call and says nothing about the task.
+- ``examples(split, count, seed)`` is deterministic in its arguments. Procedural tasks derive the
+  split from the seed stream so train and test never share a problem; dataset-backed tasks slice a
+  seeded permutation.
+"""
+
+from __future__ import annotations
+
+import re
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+from evolm.rewards import REWARDS, Verdict
+
+
+@dataclass(frozen=True)
+class Example:
+    """One problem: ``question`` is what the model sees, ``answer`` what the checker compares to."""
+
+    id: str
+    question: str
+    answer: Any
+    meta: dict = field(default_factory=dict, hash=False, compare=False)
+
+
+class Task(ABC):
+    """Base class of every task. Subclasses set ``name`` and implement the abstract methods."""
+
+    name: str = "task"
+    splits: tuple[str, ...] = ("train", "test")
+    instruction: str = ""
+    """Default system message for chat models (overridable per run)."""
+
+    def __init__(self, reward: str = "qiu", system_prompt: str | None = None, **params: Any):
+        if reward not in REWARDS:
+            from evolm.errors import ConfigError
+
+            raise ConfigError(f"task.reward must be one of {sorted(REWARDS)} (got '{reward}')")
+        self.reward_name = reward
+        self.system_prompt = self.instruction if system_prompt is None else system_prompt
+        self.configure(**params)
+
+    def configure(self, **params: Any) -> None:
+        """Take task knobs; the default accepts none."""
+        if params:
+            from evolm.errors import ConfigError
+
+            raise ConfigError(f"task '{self.name}' takes no params (got {sorted(params)})")
+
+    # -- data --------------------------------------------------------------------------------------
+    @abstractmethod
+    def examples(self, split: str, count: int | None, seed: int = 0) -> list[Example]:
+        """``count`` examples of ``split`` (all of a fixed split when ``count`` is None), deterministic in ``seed``."""
+
+    # -- prompting ---------------------------------------------------------------------------------
+    def messages(self, example: Example) -> list[dict[str, str]]:
+        msgs = []
+        if self.system_prompt:
+            msgs.append({"role": "system", "content": self.system_prompt})
+        msgs.append({"role": "user", "content": example.question})
+        return msgs
+
+    def render_prompt(self, example: Example, tokenizer=None) -> str:
+        """The exact text fed to the model: chat template when available, plain text otherwise."""
+        if tokenizer is not None and getattr(tokenizer, "chat_template", None):
+            return tokenizer.apply_chat_template(self.messages(example), tokenize=False, add_generation_prompt=True)
+        head = f"{self.system_prompt}\n\n" if self.system_prompt else ""
+        return f"{head}{example.question}\n"
+
+    # -- scoring (pure) ----------------------------------------------------------------------------
+    @abstractmethod
+    def extract_answer(self, completion: str) -> str | None:
+        """The final answer written in ``completion`` (None when there is none)."""
+
+    @abstractmethod
+    def check(self, completion: str, example: Example) -> Verdict:
+        """Whether the completion is well formatted and whether its answer is correct."""
+
+    def reward(self, completion: str, example: Example) -> float:
+        """The task's reward under its configured convention (pure)."""
+        return REWARDS[self.reward_name](self.check(completion, example))
+
+    def is_correct(self, completion: str, example: Example) -> bool:
+        return self.check(completion, example).correct
+
+
+# -- helpers shared by answer extractors -----------------------------------------------------------
+
+ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
+NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
+
+def tagged_answer(text: str) -> str | None:
+    """The content of the last ``<answer>...</answer>`` block, stripped."""
+    found = ANSWER_TAG.findall(text)
+    return found[-1].strip() if found else None
+
+
+def last_number(text: str) -> str | None:
+    """The last number in ``text`` (commas removed), e.g. ``"so 1,234."`` -> ``"1234"``."""
+    found = NUMBER.findall(text)
+    return found[-1].replace(",", "") if found else None
+
+
+def same_number(a: str | None, b: Any) -> bool:
+    """Numeric equality of two answers written as strings or numbers (``"42.0" == 42``)."""
+    if a is None:
+        return False
+    try:
+        return abs(float(str(a).replace(",", "")) - float(str(b).replace(",", ""))) < 1e-9
+    except ValueError:
+        return False
