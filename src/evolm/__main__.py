@@ -1,0 +1,5 @@
+import sys
+
+from evolm.cli import main
+
+sys.exit(main())

@@ -1,0 +1,242 @@
+"""Run directories: everything a run computes lands here, written atomically, so it can resume.
+
+Layout of ``runs/<name>/`` (the same for ES, GRPO and pipeline stages)::
+
+    config.toml          the resolved config (defaults filled in)
+    run.json             kind ("es", "grpo", ...), model spec, status, versions, start/end times
+    metrics.jsonl        one JSON object per line; training records carry "step" (updates done)
+    seed_log.jsonl       ES only: per update, the member keys and shaped coefficients (replayable)
+    checkpoints/step_000010/   model weights (safetensors, Hugging Face names) + state.json
+    checkpoints/LATEST   name of the newest complete checkpoint
+    final/               the trained model and tokenizer, loadable with from_pretrained
+    plots/*.png, eval_*.json, ...
+
+Design decisions:
+
+- Every file is written to a temporary name in the same directory and ``os.replace``d into place;
+  checkpoints are whole directories renamed into place, and ``LATEST`` is updated only afterwards, so a
+  kill at any moment leaves the previous checkpoint intact and discoverable.
+- Appends to JSONL files are flushed and fsynced per record. On resume, records newer than the
+  checkpoint are dropped (``truncate_after``) so the resumed stream has no duplicates.
+- Weights are saved with ``save_pretrained`` (safetensors, tied weights handled, Hugging Face names),
+  never in a backend's internal (e.g. fused vLLM) naming.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+from evolm.errors import UserError
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_json(path: str | Path, obj: Any) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, default=_json_default) + "\n")
+
+
+def _json_default(o):
+    if hasattr(o, "tolist"):
+        return o.tolist()
+    if hasattr(o, "item"):
+        return o.item()
+    if isinstance(o, Path):
+        return str(o)
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    """All complete records of a JSONL file (a torn last line from a kill is ignored)."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
+def append_jsonl(path: str | Path, record: dict) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps(record, default=_json_default) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for mod in ("torch", "transformers", "trl", "numpy"):
+        try:
+            out[mod] = __import__(mod).__version__
+        except Exception:
+            pass
+    from evolm import __version__
+
+    out["evolm"] = __version__
+    return out
+
+
+class RunDir:
+    """A run directory on disk. Create one with ``RunDir.create`` or reopen one with ``RunDir.open``."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    # -- creation ----------------------------------------------------------------------------------
+    @classmethod
+    def create(cls, out_dir: str | Path, name: str, config_toml: str, kind: str, info: dict | None = None,
+               exist_ok: bool = False) -> "RunDir":
+        name = name.replace("{time}", time.strftime("%Y%m%d-%H%M%S"))
+        path = Path(out_dir) / name
+        if path.exists() and any(path.iterdir()) and not exist_ok:
+            raise UserError(f"run directory {path} already exists; pass --resume to continue it or choose another run.name")
+        path.mkdir(parents=True, exist_ok=True)
+        run = cls(path)
+        atomic_write_text(path / "config.toml", config_toml)
+        atomic_write_json(path / "run.json", {"kind": kind, "status": "running", "started": time.time(),
+                                               "versions": _versions(), **(info or {})})
+        return run
+
+    @classmethod
+    def open(cls, path: str | Path) -> "RunDir":
+        path = Path(path)
+        if not (path / "config.toml").exists():
+            raise UserError(f"{path} is not an evolm run directory (no config.toml)")
+        return cls(path)
+
+    # -- small files -------------------------------------------------------------------------------
+    @property
+    def config_path(self) -> Path:
+        return self.path / "config.toml"
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.path / "metrics.jsonl"
+
+    @property
+    def seed_log_path(self) -> Path:
+        return self.path / "seed_log.jsonl"
+
+    def info(self) -> dict:
+        p = self.path / "run.json"
+        return json.loads(p.read_text()) if p.exists() else {}
+
+    def update_info(self, **fields: Any) -> None:
+        atomic_write_json(self.path / "run.json", {**self.info(), **fields})
+
+    def log_metrics(self, record: dict) -> None:
+        append_jsonl(self.metrics_path, record)
+
+    def log_seed(self, record: dict) -> None:
+        append_jsonl(self.seed_log_path, record)
+
+    def metrics(self) -> list[dict]:
+        return read_jsonl(self.metrics_path)
+
+    def seed_log(self) -> list[dict]:
+        return read_jsonl(self.seed_log_path)
+
+    def write_json(self, name: str, obj: Any) -> Path:
+        atomic_write_json(self.path / name, obj)
+        return self.path / name
+
+    def truncate_after(self, step: int) -> None:
+        """Drop metrics and seed-log records with ``step`` > ``step`` (records without a step are kept)."""
+        for p in (self.metrics_path, self.seed_log_path):
+            if p.exists():
+                keep = [r for r in read_jsonl(p) if r.get("step", 0) <= step]
+                atomic_write_text(p, "".join(json.dumps(r, default=_json_default) + "\n" for r in keep))
+
+    # -- checkpoints -------------------------------------------------------------------------------
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.path / "checkpoints"
+
+    def save_checkpoint(self, model, step: int, state: dict, keep: int = 2) -> Path:
+        """Save the model weights and a state dict for ``step``; keep the newest ``keep`` checkpoints."""
+        name = f"step_{step:06d}"
+        final = self.checkpoint_dir / name
+        self._save_model_dir(final, model, None, extra={"state.json": {"step": step, **state}})
+        atomic_write_text(self.checkpoint_dir / "LATEST", name + "\n")
+        for old in self.checkpoints()[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+        return final
+
+    def checkpoints(self) -> list[Path]:
+        if not self.checkpoint_dir.exists():
+            return []
+        return sorted(p for p in self.checkpoint_dir.iterdir() if p.is_dir() and p.name.startswith("step_"))
+
+    def latest_checkpoint(self) -> tuple[Path, dict] | None:
+        """The newest complete checkpoint and its state, or None."""
+        pointer = self.checkpoint_dir / "LATEST"
+        candidates = []
+        if pointer.exists():
+            candidates.append(self.checkpoint_dir / pointer.read_text().strip())
+        candidates += reversed(self.checkpoints())
+        for c in candidates:
+            if (c / "state.json").exists() and (c / "config.json").exists():
+                return c, json.loads((c / "state.json").read_text())
+        return None
+
+    def save_final(self, model, tokenizer=None, state: dict | None = None) -> Path:
+        self._save_model_dir(self.path / "final", model, tokenizer, extra={"state.json": state or {}})
+        return self.path / "final"
+
+    @staticmethod
+    def _save_model_dir(target: Path, model, tokenizer, extra: dict[str, Any]) -> None:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+        try:
+            model.save_pretrained(tmp, safe_serialization=True)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(tmp)
+            for fname, obj in extra.items():
+                atomic_write_json(tmp / fname, obj)
+            if target.exists():
+                old = target.with_name(f".{target.name}.old")
+                shutil.rmtree(old, ignore_errors=True)
+                os.replace(target, old)
+                os.replace(tmp, target)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.replace(tmp, target)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def finish(self, **fields: Any) -> None:
+        self.update_info(status="finished", finished=time.time(), **fields)
+
+
+def find_runs(root: str | Path) -> Iterator[RunDir]:
+    """Every run directory at or below ``root``."""
+    root = Path(root)
+    for cfg in sorted(root.rglob("config.toml")):
+        if (cfg.parent / "run.json").exists():
+            yield RunDir(cfg.parent)

@@ -1,0 +1,49 @@
+"""Shared fixtures: the real tokenizer of the default model and tiny randomly initialised llama models.
+
+Fast tests never load the 135M model: they build a 2-layer llama in code (seconds) and borrow only
+the tokenizer of the cached default model (converted from the embedded GGUF once per machine).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    from evolm import models
+
+    tok = AutoTokenizer.from_pretrained(models.local_dir(models.DEFAULT_MODEL))
+    tok.padding_side = "left"
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def make_tiny_model(tokenizer, seed: int = 0, hidden: int = 64, layers: int = 2):
+    """A randomly initialised llama with the real tokenizer's vocabulary (about 3.3M parameters)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden,
+                      num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=512, tie_word_embeddings=True,
+                      bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                      pad_token_id=tokenizer.pad_token_id)
+    model = LlamaForCausalLM(cfg).eval()
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model
+
+
+@pytest.fixture
+def tiny_model(tokenizer):
+    return make_tiny_model(tokenizer)
