@@ -47,3 +47,39 @@ def make_tiny_model(tokenizer, seed: int = 0, hidden: int = 64, layers: int = 2)
 @pytest.fixture
 def tiny_model(tokenizer):
     return make_tiny_model(tokenizer)
+
+
+def make_vowel_task():
+    """A toy verifiable task for tiny random models: reward = share of vowels among the completion's
+    non-space characters. A random 2-layer model starts near 0.1 and ES raises it within seconds."""
+    from evolm.rewards import Verdict
+    from evolm.tasks.base import Example, Task
+
+    class Vowels(Task):
+        name = "vowels"
+        instruction = ""
+
+        def examples(self, split, count, seed=0):
+            import random
+
+            rng = random.Random(f"{split}-{seed}")
+            return [Example(f"{split}-{seed}-{i}", f"Write {rng.randint(0, 99)}", None) for i in range(count or 8)]
+
+        def extract_answer(self, completion):
+            return completion
+
+        def check(self, completion, example):
+            s = completion.replace(" ", "")
+            share = sum(ch in "aeiou" for ch in s) / max(1, len(s))
+            return Verdict(format_ok=bool(s), correct=share >= 0.5, answer=completion)
+
+        def reward(self, completion, example):
+            s = completion.replace(" ", "")
+            return sum(ch in "aeiou" for ch in s) / max(1, len(s))
+
+    return Vowels()
+
+
+@pytest.fixture
+def vowel_task():
+    return make_vowel_task()

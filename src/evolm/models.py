@@ -211,6 +211,14 @@ def _from_pretrained(cls, location: str, kind: str, spec: str, **kwargs):
     return cls.from_pretrained(location, **kwargs)
 
 
+def quiet_transformers() -> None:
+    """Silence transformers' per-file progress bars and advisory warnings (evolm shows its own progress)."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+
+
 def load(spec: str = DEFAULT_MODEL, dtype: str = "float32", threads: int | None = None, device: str = "cpu"):
     """Load ``spec`` and return ``(model, tokenizer)``; the model is in eval mode on ``device``.
 
@@ -218,6 +226,8 @@ def load(spec: str = DEFAULT_MODEL, dtype: str = "float32", threads: int | None 
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    quiet_transformers()
 
     if dtype not in DTYPES:
         raise UserError(f"model.dtype must be one of {DTYPES} (got '{dtype}')")

@@ -211,6 +211,9 @@ class RunDir:
 
     @staticmethod
     def _save_model_dir(target: Path, model, tokenizer, extra: dict[str, Any]) -> None:
+        from evolm.models import quiet_transformers
+
+        quiet_transformers()
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
         try:

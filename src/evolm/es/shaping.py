@@ -1,0 +1,54 @@
+"""Fitness shaping: pure functions with one signature, ``shape(fitness: np.ndarray) -> np.ndarray``.
+
+They are interchangeable (``SHAPINGS[name]``) and each is unit-tested on arrays. The input is the
+vector of N member fitnesses (finite; the engine refuses non-finite fitness before shaping); the
+output has the same length and is what weights each member's noise in the update.
+
+- ``zscore``: ``(f - mean(f)) / std(f)`` with the population standard deviation (``ddof=0``, as
+  ``np.std`` in Qiu et al.'s code). When every member scores the same (std below 1e-12) there is no
+  signal and the result is all zeros (the engine logs a zero update).
+- ``centered_rank`` (Salimans et al. 2017): ranks mapped linearly onto [-0.5, 0.5]; tied fitnesses
+  share their average rank, so ties get equal weight and all-equal fitness gives zeros.
+- ``none``: the raw fitness, unnormalised (the paper's "no normalisation" ablation; not centred, so
+  the mean reward scales the sum of the noise directions).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+
+def zscore(fitness: np.ndarray) -> np.ndarray:
+    f = np.asarray(fitness, dtype=np.float64)
+    std = f.std(ddof=0)
+    if std < 1e-12:
+        return np.zeros_like(f)
+    return (f - f.mean()) / std
+
+
+def centered_rank(fitness: np.ndarray) -> np.ndarray:
+    f = np.asarray(fitness, dtype=np.float64)
+    n = len(f)
+    if n < 2:
+        return np.zeros_like(f)
+    order = np.argsort(f, kind="stable")
+    ranks = np.empty(n, dtype=np.float64)
+    ranks[order] = np.arange(n, dtype=np.float64)
+    for value in np.unique(f):  # average rank within ties
+        tied = f == value
+        if tied.sum() > 1:
+            ranks[tied] = ranks[tied].mean()
+    return ranks / (n - 1) - 0.5
+
+
+def none(fitness: np.ndarray) -> np.ndarray:
+    return np.asarray(fitness, dtype=np.float64).copy()
+
+
+SHAPINGS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "zscore": zscore,
+    "centered_rank": centered_rank,
+    "none": none,
+}

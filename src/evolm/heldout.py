@@ -1,0 +1,1 @@
+def heldout_eval(*a, **k): raise NotImplementedError
