@@ -1,0 +1,164 @@
+"""Population diversity (Qiu et al.'s Lemma 2): one sample per ES member versus N from the centre.
+
+Lemma 2 says that drawing one answer from each of the M members of an ES population finds a correct
+answer at least as often as drawing M answers from a single policy, with equality iff the members
+coincide, and that the local gap grows with a verifier-projected Jensen–Shannon divergence among
+the members. The paper never isolates this; these are the quantities to measure it, as pure
+functions of correctness probabilities:
+
+- ``p_members[i, j]``: probability that member i answers prompt j correctly; ``q_center[j]``: the same
+  for the centre (unperturbed) policy.
+- Population coverage (one sample per member): ``mean_j [1 − Π_i (1 − p_ij)]``.
+- Centre coverage (N samples, N = M by default, the matched budget): ``mean_j [1 − (1 − q_j)^N]``.
+- Verifier-projected JS divergence: per prompt, the generalised Jensen–Shannon divergence of the
+  members' Bernoulli(p_ij) correctness distributions, ``H(mean_i p_ij) − mean_i H(p_ij)`` (binary
+  entropy in nats, so it lies in [0, ln 2]), averaged over prompts. Zero iff all members agree on
+  every prompt's success probability.
+
+Design decisions:
+
+- Estimating from samples: with member probabilities estimated by independent per-member sample
+  means, the product ``Π_i (1 − p̂_ij)`` is an unbiased estimate of ``Π_i (1 − p_ij)``, so population
+  coverage is unbiased. The plug-in ``(1 − q̂)^N`` is *not* (by convexity it overestimates the miss
+  probability, which would favour the population), so ``diversity_from_samples`` uses the unbiased
+  pass@N estimator ``1 − C(n − c, N) / C(n, N)`` for the centre whenever it has n ≥ N samples per
+  prompt, and says which estimator it used. The JS divergence from sample means is biased upward for
+  few samples (sampling noise looks like diversity); the number of samples is recorded with it.
+- Sampling each member (perturb, generate, restore) needs the ES engine and lives there; this module
+  only turns measured correctness into numbers, a JSON file and a plot.
+
+Input file for ``evolm analyze diversity --from FILE`` (JSON)::
+
+    {"member_correct": [[[1, 0, ...], ...], ...],   # [member][prompt][sample] 0/1
+     "center_correct": [[0, 1, ...], ...],          # [prompt][sample] 0/1
+     "center_samples": 8,                           # optional N (default: number of members)
+     ...any other fields (sigma, step, run) are copied into the output}
+
+or probabilities directly: ``{"p_members": [[...], ...], "q_center": [...]}``.
+"""
+
+from __future__ import annotations
+
+import math
+
+from evolm.errors import UserError
+
+
+def binary_entropy(p):
+    """``−p ln p − (1 − p) ln(1 − p)`` elementwise (nats), 0 at p ∈ {0, 1}."""
+    import numpy as np
+
+    p = np.clip(np.asarray(p, dtype=np.float64), 0.0, 1.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        h = -(np.where(p > 0, p * np.log(p), 0.0) + np.where(p < 1, (1 - p) * np.log1p(-p), 0.0))
+    return h
+
+
+def _as_matrix(p_members):
+    import numpy as np
+
+    p = np.asarray(p_members, dtype=np.float64)
+    if p.ndim != 2 or p.shape[0] < 1 or p.shape[1] < 1:
+        raise UserError(f"member probabilities must be a [members][prompts] matrix (got shape {p.shape})")
+    if np.any(p < 0) or np.any(p > 1) or np.any(np.isnan(p)):
+        raise UserError("member probabilities must lie in [0, 1]")
+    return p
+
+
+def population_coverage(p_members, q_center, n_center: int | None = None) -> dict:
+    """One sample per member versus ``n_center`` (default: number of members) samples from the centre.
+
+    Returns ``population``, ``center``, ``gap`` (population − center), ``num_members``, ``num_prompts``,
+    ``center_samples``, and the per-prompt values ``population_per_prompt`` / ``center_per_prompt``.
+    """
+    import numpy as np
+
+    p = _as_matrix(p_members)
+    q = np.asarray(q_center, dtype=np.float64)
+    if q.shape != (p.shape[1],):
+        raise UserError(f"centre probabilities need one value per prompt ({p.shape[1]}), got shape {q.shape}")
+    if np.any(q < 0) or np.any(q > 1) or np.any(np.isnan(q)):
+        raise UserError("centre probabilities must lie in [0, 1]")
+    n = p.shape[0] if n_center is None else int(n_center)
+    pop = 1.0 - np.prod(1.0 - p, axis=0)
+    center = 1.0 - (1.0 - q) ** n
+    return {"population": float(pop.mean()), "center": float(center.mean()), "gap": float(pop.mean() - center.mean()),
+            "num_members": int(p.shape[0]), "num_prompts": int(p.shape[1]), "center_samples": n,
+            "population_per_prompt": pop.tolist(), "center_per_prompt": center.tolist()}
+
+
+def verifier_js_divergence(p_members, per_prompt: bool = False):
+    """Mean over prompts of ``H(mean_i p_ij) − mean_i H(p_ij)`` (nats, in [0, ln 2]); per prompt on request."""
+    p = _as_matrix(p_members)
+    js = binary_entropy(p.mean(axis=0)) - binary_entropy(p).mean(axis=0)
+    js = js.clip(min=0.0)  # exact math is >= 0; clip float round-off
+    return js.tolist() if per_prompt else float(js.mean())
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples with c correct: ``1 − C(n − c, k) / C(n, k)`` (needs n ≥ k).
+
+    Private stand-in until ``evolm.metrics.pass_at_k`` lands; swap it then.
+    """
+    if k > n:
+        raise ValueError(f"pass@{k} needs at least {k} samples (got {n})")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.prod((n - c - i) / (n - i) for i in range(k))
+
+
+def diversity_from_samples(member_correct, center_correct, n_center: int | None = None) -> dict:
+    """Coverage and JS divergence from 0/1 samples: ``member_correct[i][j][s]``, ``center_correct[j][s]``.
+
+    Member probabilities are sample means; the centre's coverage uses unbiased pass@N when it has at
+    least N samples per prompt (``center_estimator`` says "unbiased" or "plug-in").
+    """
+    import numpy as np
+
+    members = [[np.asarray(s, dtype=np.float64) for s in m] for m in member_correct]
+    if not members or any(len(m) != len(members[0]) for m in members):
+        raise UserError("member_correct must be [member][prompt][sample] with the same prompts for every member")
+    p = np.array([[s.mean() if s.size else math.nan for s in m] for m in members])
+    if np.isnan(p).any():
+        raise UserError("every member needs at least one sample per prompt")
+    if len(center_correct) != p.shape[1]:
+        raise UserError(f"center_correct has {len(center_correct)} prompts but members have {p.shape[1]}")
+    center = [np.asarray(s, dtype=np.float64) for s in center_correct]
+    if any(s.size == 0 for s in center):
+        raise UserError("the centre needs at least one sample per prompt")
+    q = np.array([s.mean() for s in center])
+    n = p.shape[0] if n_center is None else int(n_center)
+    out = population_coverage(p, q, n)
+    if all(s.size >= n for s in center):
+        per_prompt = [pass_at_k(int(s.size), int(s.sum()), n) for s in center]
+        out["center_per_prompt"] = per_prompt
+        out["center"] = float(np.mean(per_prompt))
+        out["gap"] = out["population"] - out["center"]
+        out["center_estimator"] = "unbiased"
+    else:
+        out["center_estimator"] = "plug-in"
+    out["js_divergence"] = verifier_js_divergence(p)
+    out["js_divergence_per_prompt"] = verifier_js_divergence(p, per_prompt=True)
+    out["member_samples_per_prompt"] = int(min(s.size for m in members for s in m))
+    out["center_samples_per_prompt"] = int(min(s.size for s in center))
+    out["member_accuracy"] = p.mean(axis=1).tolist()
+    out["center_accuracy"] = float(q.mean())
+    return out
+
+
+def diversity_report(data: dict) -> dict:
+    """The analysis of one measured-correctness record (the ``--from`` file format in the module docstring)."""
+    n = data.get("center_samples")
+    if "member_correct" in data and "center_correct" in data:
+        out = diversity_from_samples(data["member_correct"], data["center_correct"], n)
+    elif "p_members" in data and "q_center" in data:
+        out = population_coverage(data["p_members"], data["q_center"], n)
+        out["center_estimator"] = "given probabilities"
+        out["js_divergence"] = verifier_js_divergence(data["p_members"])
+        out["js_divergence_per_prompt"] = verifier_js_divergence(data["p_members"], per_prompt=True)
+    else:
+        raise UserError("the diversity file needs 'member_correct' and 'center_correct' (0/1 samples) "
+                        "or 'p_members' and 'q_center' (probabilities)")
+    skip = {"member_correct", "center_correct", "p_members", "q_center", "center_samples"}
+    out["input"] = {k: v for k, v in data.items() if k not in skip}
+    return out

@@ -1,0 +1,69 @@
+"""The evaluator the re-evaluation analyses call: ``evaluate(state_dict) -> {metric: value}``.
+
+The sparsity curve and the compression table only need *some* callable that scores a state dict;
+tests pass a fake one. ``TaskEvaluator`` is the real one: it owns one loaded model, copies each
+state dict into it (``weights.load_into_model``), and scores a fixed list of task examples with the
+Hugging Face backend.
+
+Metrics:
+
+- ``greedy_pass@1``: the mean of ``task.is_correct`` over the examples with greedy decoding.
+- ``pass@k`` for each k in ``ks`` (when ``n > 0``): the unbiased estimator from ``n`` samples per
+  example at ``temperature``, averaged over examples; every evaluation uses the same sampling seed,
+  so model variants are compared on common random numbers.
+
+Design decisions:
+
+- A thin adapter on ``HFGenerator`` and ``Task`` so it works before the shared evaluation module
+  (``evolm.evaluate.evaluate_task``) lands; ``pass_at_k`` is a private copy in
+  ``analysis.diversity`` until ``evolm.metrics.pass_at_k`` exists. Swap both then.
+- The examples are drawn once (``task.examples(split, limit, seed)``), so every variant sees the same
+  prompts.
+"""
+
+from __future__ import annotations
+
+from evolm.analysis.diversity import pass_at_k
+from evolm.analysis.weights import load_into_model
+
+
+class TaskEvaluator:
+    """Score state dicts on one task with one model skeleton: ``TaskEvaluator(...)(state) -> metrics``."""
+
+    def __init__(self, model, tokenizer, task, examples, n: int = 0, ks=(1,), temperature: float = 1.0,
+                 top_p: float = 1.0, max_new_tokens: int = 32, batch_size: int = 32, seed: int = 0):
+        from evolm.backends.hf import HFGenerator
+
+        bad = [k for k in ks if k > n] if n else []
+        if bad:
+            from evolm.errors import UserError
+
+            raise UserError(f"pass@{bad[0]} needs at least {bad[0]} samples per example; raise --n to {max(ks)}")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.task = task
+        self.examples = list(examples)
+        self.prompts = [task.render_prompt(e, tokenizer) for e in self.examples]
+        self.generator = HFGenerator(model, tokenizer, batch_size=batch_size)
+        self.n, self.ks = int(n), tuple(int(k) for k in ks)
+        self.temperature, self.top_p = temperature, top_p
+        self.max_new_tokens, self.seed = max_new_tokens, seed
+        self.calls = 0
+
+    def __call__(self, state: dict) -> dict:
+        from evolm.backends.base import SamplingParams
+
+        load_into_model(self.model, state)
+        self.calls += 1
+        greedy = self.generator.generate(self.prompts, SamplingParams(n=1, temperature=0.0, max_new_tokens=self.max_new_tokens))
+        correct = [self.task.is_correct(c[0].text, e) for c, e in zip(greedy, self.examples)]
+        metrics = {"greedy_pass@1": sum(correct) / len(correct) if correct else 0.0, "num_examples": len(correct)}
+        if self.n > 0:
+            params = SamplingParams(n=self.n, temperature=self.temperature, top_p=self.top_p,
+                                    max_new_tokens=self.max_new_tokens, seed=self.seed)
+            sampled = self.generator.generate(self.prompts, params)
+            counts = [sum(self.task.is_correct(c.text, e) for c in comps) for comps, e in zip(sampled, self.examples)]
+            for k in self.ks:
+                metrics[f"pass@{k}"] = sum(pass_at_k(self.n, c, k) for c in counts) / len(counts)
+            metrics["samples_per_example"] = self.n
+        return metrics

@@ -1,0 +1,155 @@
+"""One PNG per analysis, drawn from the same dict that is written as JSON.
+
+Design decisions: figures are built with ``matplotlib.figure.Figure`` (Agg canvas, no pyplot), so
+plotting never touches global GUI state and works headless; each function takes the analysis result
+exactly as saved and a path, so a plot can be redrawn from the JSON alone.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from evolm.analysis.categories import CATEGORIES
+
+
+def _figure(width: float = 7.0, height: float = 4.0):
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width, height), dpi=110, layout="constrained")
+
+
+def _save(fig, path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    return path
+
+
+def _grouped_bars(ax, groups: list[str], series: dict[str, list[float]], log: bool = False) -> None:
+    import numpy as np
+
+    x = np.arange(len(groups))
+    width = 0.8 / max(len(series), 1)
+    for i, (label, values) in enumerate(series.items()):
+        ax.bar(x + (i - (len(series) - 1) / 2) * width, values, width, label=label)
+    ax.set_xticks(x, groups, rotation=20)
+    if log:
+        ax.set_yscale("log")
+    if len(series) > 1:
+        ax.legend(fontsize=8)
+
+
+def _rate_axis(ax, values) -> None:
+    """A 0..1 y-axis when every plotted value is a rate (pass@k, accuracy)."""
+    values = [v for v in values if v is not None]
+    if values and all(0.0 <= v <= 1.0 for v in values):
+        ax.set_ylim(0.0, 1.02)
+
+
+def plot_drift(result: dict, path) -> Path:
+    """Relative distance per category (log scale), one bar per trained model."""
+    models = result["models"]
+    cats = [c for c in CATEGORIES if any(c in m["by_category"] for m in models.values())]
+    series = {f"{label} (whole {m['relative_distance']:.3g})":
+              [(m["by_category"].get(c) or {}).get("relative_distance") or 0.0 for c in cats] for label, m in models.items()}
+    fig = _figure()
+    ax = fig.add_subplot()
+    _grouped_bars(ax, cats, series, log=any(v > 0 for s in series.values() for v in s))
+    ax.set_ylabel("||θ − θ0|| / ||θ0||")
+    ax.set_title("Relative parameter drift by category")
+    if len(series) == 1:
+        ax.legend(list(series), fontsize=8)
+    return _save(fig, path)
+
+
+def plot_sparsity(result: dict, path) -> Path:
+    """Left: fraction of nonzero updates below τ. Right (when re-evaluated): the metric of the thresholded model."""
+    metric = result.get("metric", "greedy_pass@1")
+    evaluated = any(m.get("points") for m in result["models"].values())
+    fig = _figure(10.0 if evaluated else 6.0, 4.0)
+    left = fig.add_subplot(1, 2, 1) if evaluated else fig.add_subplot()
+    right = fig.add_subplot(1, 2, 2) if evaluated else None
+    for label, m in result["models"].items():
+        left.plot(m["taus"], m["fraction_below"], marker="o", label=label)
+        if right is not None and m.get("points"):
+            points = m["points"]
+            line = right.plot([p["tau"] for p in points], [p["metrics"].get(metric) for p in points], marker="o", label=label)[0]
+            ref = m.get("reference", {})
+            if "trained" in ref:
+                right.axhline(ref["trained"].get(metric), color=line.get_color(), ls="--", lw=1)
+            if "base" in ref:
+                right.axhline(ref["base"].get(metric), color="gray", ls=":", lw=1)
+    scale = result.get("tau_scale")
+    what = "single ES update RMS" if "single-update RMS" in str(result.get("tau_scale_source", "")) else "τ scale"
+    for ax in (left, right) if right is not None else (left,):
+        ax.set_xscale("log")
+        ax.set_xlabel("threshold τ" + (f" (vertical line: {what} {scale:.3g})" if scale else ""))
+        if scale:
+            ax.axvline(scale, color="black", lw=0.8, alpha=0.5)
+    left.set_ylabel("fraction of nonzero |Δ| below τ")
+    left.set_ylim(0, 1)
+    left.legend(fontsize=8)
+    if right is not None:
+        right.set_ylabel(f"{metric} of θ0 + Δ·1[|Δ| ≥ τ]")
+        right.set_title("dashed: trained model, dotted: base", fontsize=8)
+        right.legend(fontsize=8)
+        _rate_axis(right, [p["metrics"].get(metric) for m in result["models"].values() for p in m.get("points") or []])
+    return _save(fig, path)
+
+
+def plot_localisation(result: dict, path) -> Path:
+    """Top-k counts per category, one bar per trained model (and per k)."""
+    series = {}
+    for label, per_k in result["models"].items():
+        for k, loc in per_k.items():
+            series[f"{label} top-{k} (max |Δ| {loc['max_abs_delta']:.2g})"] = [loc["by_category"].get(c, 0) for c in CATEGORIES]
+    fig = _figure()
+    ax = fig.add_subplot()
+    _grouped_bars(ax, list(CATEGORIES), series)
+    ax.set_ylabel("coordinates among the top k of |Δ|")
+    title = "Where the largest updates land"
+    if result.get("tied_embeddings"):
+        title += " (tied: embedding = LM head)"
+    ax.set_title(title)
+    if len(series) == 1:
+        ax.legend(list(series), fontsize=8)
+    return _save(fig, path)
+
+
+def plot_compression(result: dict, path) -> Path:
+    """The chosen metric per compression method, one bar per model."""
+    metric = result.get("metric", "greedy_pass@1")
+    methods = result["methods"]
+    models = list(dict.fromkeys(r["model"] for r in result["rows"]))
+    value = {(r["model"], r["method"]): r["metrics"].get(metric) for r in result["rows"]}
+    series = {m: [value.get((m, meth)) or 0.0 for meth in methods] for m in models}
+    fig = _figure()
+    ax = fig.add_subplot()
+    _grouped_bars(ax, methods, series)
+    ax.set_ylabel(metric)
+    _rate_axis(ax, list(value.values()))
+    ax.set_title(f"Compression of {', '.join(result['categories'])} weights")
+    if len(series) == 1:
+        ax.legend(list(series), fontsize=8)
+    return _save(fig, path)
+
+
+def plot_diversity(result: dict, path) -> Path:
+    """Left: coverage of one sample per member vs N centre samples. Right: JS divergence per prompt."""
+    fig = _figure(10.0, 4.0)
+    left, right = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    labels = [f"population\n(1 × {result['num_members']} members)", f"centre\n({result['center_samples']} samples)"]
+    left.bar(labels, [result["population"], result["center"]], color=["tab:orange", "tab:blue"])
+    left.set_ylim(0, 1)
+    left.set_ylabel("coverage (≥ 1 correct)")
+    left.set_title(f"gap {result['gap']:+.3f}", fontsize=9)
+    js = result.get("js_divergence_per_prompt") or []
+    right.bar(range(len(js)), js, color="tab:green")
+    right.axhline(result["js_divergence"], color="black", ls="--", lw=1)
+    right.set_xlabel("prompt")
+    from matplotlib.ticker import MaxNLocator
+
+    right.xaxis.set_major_locator(MaxNLocator(integer=True))
+    right.set_ylabel("verifier-projected JSD (nats)")
+    right.set_title(f"mean {result['js_divergence']:.4f}", fontsize=9)
+    return _save(fig, path)
