@@ -467,7 +467,8 @@ def _run(code: str, tests: str, level: str, start: float, limits: _Limits, extra
         else:
             argv = child
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
-               "HOME": workdir, "TMPDIR": "/tmp" if level == "bwrap" else workdir, "EVOLM_SANDBOX": "1"}
+               "HOME": workdir, "TMPDIR": "/tmp" if level == "bwrap" else workdir, "EVOLM_SANDBOX": "1",
+               "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
         env.update(extra_env or {})
         try:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -603,7 +604,8 @@ def _supervise_child(proc: subprocess.Popen, report_fd: int, info_fd: int | None
         proc.returncode, stopped_for
 
 
-def classify_outcome(report: str, raw_returncode: int | None, stopped_for: str | None, limits=None) -> tuple[str, int | None, str]:
+def classify_outcome(report: str, raw_returncode: int | None, stopped_for: str | None,
+                     limits: _Limits | None = None) -> tuple[str, int | None, str]:
     """``(status, returncode, reason)`` from the child's report, its raw exit status and whether the
     sandbox stopped it (pure; the rules are listed in the module docstring).
 
@@ -643,10 +645,14 @@ def classify_outcome(report: str, raw_returncode: int | None, stopped_for: str |
             return "resource-limit", rc, reason
         return "failed", rc, reason
     if final is not None and final.get("outcome") == "exit":
-        return "failed", rc, f"exit({final.get('code')}) called in {final.get('phase', 'code')} before the tests finished"
+        where = final.get("phase", "code")
+        return "failed", rc, f"exit({final.get('code')}) called in {where} before the tests finished"
     if rc is not None and rc < 0:
         sig = -rc
-        name = signal.Signals(sig).name if sig in signal.valid_signals() else str(sig)
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = f"signal {sig}"
         if sig in _RESOURCE_SIGNALS:
             return "resource-limit", rc, f"killed by {name} (CPU, file size or memory limit)"
         return "crashed", rc, f"killed by {name}"
