@@ -27,3 +27,4 @@ def make_task(name: str, reward: str = "qiu", system_prompt: str | None = None, 
 from evolm.tasks import arithmetic, countdown  # noqa: E402,F401  (registration)
 
 __all__ = ["Example", "Task", "TASKS", "make_task", "register"]
+from evolm.tasks import humaneval, mbpp  # noqa: E402,F401  (registration: code tasks, run in evolm.sandbox)
