@@ -30,10 +30,9 @@ import re
 
 import torch
 
-from evolm.analysis.categories import param_category
+from evolm.analysis.categories import CATEGORIES, param_category
 from evolm.es.noise import NoiseSource
 
-CATEGORIES = ("norm", "attention", "mlp", "embedding", "lm_head")
 CHUNK = 1 << 20
 
 
