@@ -1,0 +1,114 @@
+"""Arithmetic: integer expressions such as ``What is 47 + 85?`` with an integer answer.
+
+The default prompt was chosen by probing the real SmolLM2-135M-Instruct (float32, 1 CPU thread, 24
+new tokens, test split, seed 0). It is a system message, one worked demonstration turn (a train
+problem drawn with the task's knobs) and the question, e.g.::
+
+    system:    You are a calculator.
+    user:      What is 19 + 82?
+    assistant: 19 + 82 = 101
+    user:      What is 40 + 41?
+
+With it the model answers ``A + B = C`` at once and stops (12.5 new tokens on average): greedy
+accuracy 20.3% on 64 two-digit additions (format 100%); sampled at temperature 1 on 32 of them,
+pass@1 7.8% and pass@8 31.2% (greedy 15.6% on those 32). Without the demonstration (``shots=0``) it
+explains instead of answering and mostly runs past 24 tokens: 0-6% greedy over 48 problems for six
+wordings ("What is A + B?" with the chat template's own system prompt 6.2%, the same with
+"Answer with the number only." 0%, "A + B =" with "You are a calculator. Reply with the result only."
+6.2%, "Compute A + B." 2.1%).
+
+Design decisions:
+
+- Knobs: ``digits`` (every operand has exactly this many digits; 1 means 0-9), ``operators`` (the
+  allowed operators, a string over ``+-*``, each drawn uniformly per position) and ``terms`` (number of
+  operands). ``*`` binds tighter than ``+`` and ``-``, as in Python; results may be negative when
+  ``-`` is allowed.
+- A problem is its expression text (``"47+85"``): it is the split key (see ``procedural``), so
+  ``47+85`` and ``85+47`` are two problems that may fall in different splits.
+- The gold answer is computed from the operands directly, never by ``eval``.
+- ``shots`` (default 1) worked demonstrations precede the question (see ``procedural``).
+- Answer extraction: the text inside the last ``<answer>...</answer>`` if there is one, otherwise the
+  completion's first non-empty line; the answer is the last number in that text (``"40 + 41 = 81"``
+  -> 81, ``"The answer is 81."`` -> 81). Later lines are ignored, so rambling that happens to mention
+  the right number earns nothing.
+- ``format_ok`` (the 0.1 term of both reward conventions): that text *ends* with an integer, alone
+  or after ``=`` or a space, optionally followed by a period (``"40 + 41 = 81"``, ``"81"``,
+  ``"<answer>81</answer>"``), i.e. the model stated a final integer rather than trailing off.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+
+from evolm.errors import ConfigError
+from evolm.rewards import Verdict
+from evolm.tasks import register
+from evolm.tasks.base import Example, last_number, same_number
+from evolm.tasks.procedural import ProceduralTask, answer_text, int_knob, reject_unknown
+
+OPERATORS = "+-*"
+
+
+def evaluate(operands: list[int], operators: list[str]) -> int:
+    """The value of ``operands[0] op0 operands[1] op1 ...`` with ``*`` before ``+``/``-``."""
+    total, sign, product = 0, 1, operands[0]
+    for op, x in zip(operators, operands[1:]):
+        if op == "*":
+            product *= x
+        else:
+            total += sign * product
+            sign, product = (1 if op == "+" else -1), x
+    return total + sign * product
+
+
+@register
+class Arithmetic(ProceduralTask):
+    name = "arithmetic"
+    instruction = "You are a calculator."
+    question_template = "What is {expression}?"
+    """How a problem is asked; ``{expression}`` is e.g. ``47 + 85``."""
+
+    reply_template = "{expression} = {answer}"
+    """The demonstration's reply."""
+
+    def configure(self, digits: int = 2, operators: str = "+", terms: int = 2, shots: int = 1, **unknown) -> None:
+        reject_unknown(self.name, unknown, ["digits", "operators", "terms", "shots"])
+        self.shots = int_knob(self.name, "shots", shots, 0, 8)
+        self.digits = int_knob(self.name, "digits", digits, 1, 9)
+        self.terms = int_knob(self.name, "terms", terms, 2, 8)
+        if not isinstance(operators, str) or not operators or set(operators) - set(OPERATORS):
+            raise ConfigError(f"task '{self.name}': operators must be a non-empty string over '{OPERATORS}' "
+                              f"(got {operators!r})")
+        self.operators = "".join(sorted(set(operators), key=OPERATORS.index))
+
+    def knobs(self) -> dict:
+        return {"digits": self.digits, "operators": self.operators, "terms": self.terms}
+
+    def sample(self, rng: random.Random, stratum=None) -> tuple[str, Example]:
+        lo = 0 if self.digits == 1 else 10 ** (self.digits - 1)
+        operands = [rng.randint(lo, 10 ** self.digits - 1) for _ in range(self.terms)]
+        ops = [rng.choice(self.operators) for _ in range(self.terms - 1)]
+        key = str(operands[0]) + "".join(f"{op}{x}" for op, x in zip(ops, operands[1:]))
+        shown = str(operands[0]) + "".join(f" {op} {x}" for op, x in zip(ops, operands[1:]))
+        example = Example(id=f"{self.name}:{key}", question=self.question_template.format(expression=shown),
+                          answer=evaluate(operands, ops),
+                          meta={"operands": operands, "operators": ops, "expression": shown})
+        return key, example
+
+    def demonstration_answer(self, example: Example) -> str:
+        return self.reply_template.format(expression=example.meta["expression"], answer=example.answer)
+
+    def extract_answer(self, completion: str) -> str | None:
+        text, _ = answer_text(completion)
+        return None if text is None else last_number(text)
+
+    def check(self, completion: str, example: Example) -> Verdict:
+        text, _ = answer_text(completion)
+        answer = None if text is None else last_number(text)
+        format_ok = text is not None and bool(_ENDS_WITH_NUMBER.search(text))
+        return Verdict(format_ok=format_ok, correct=same_number(answer, example.answer), answer=answer)
+
+
+_ENDS_WITH_NUMBER = re.compile(r"(?:^|[=\s])-?[0-9][0-9,]*\.?$")
+"""A final answer: the text ends with an integer (after ``=`` or a space, or alone), maybe then a period."""
