@@ -200,6 +200,39 @@ class EvalConfig:
 
 
 @dataclass
+class ProbeConfig:
+    every: int = 0
+    """Probe held-out entropy and pass@k every this many updates (0: off). Also probed before and after training."""
+    task: str = "csqa"
+    """Held-out probe task ("" = the training task's test split). A 135M model shows signal on csqa/arc_easy, not gsm8k."""
+    params: dict[str, Any] = field(default_factory=dict)
+    """Knobs of the probe task."""
+    count: int = 32
+    """Problems per probe."""
+    n_samples: int = 8
+    """Samples per problem."""
+    k: list[int] = field(default_factory=lambda: [1, 4, 8])
+    """k values for pass@k."""
+    temperature: float = 1.0
+    """Sampling temperature of the probe (its token entropy is measured at this temperature)."""
+    top_p: float = 1.0
+    """Nucleus mass of the probe."""
+    max_new_tokens: int = 0
+    """Completion length of the probe (0: same as generation.max_new_tokens)."""
+
+    def validate(self, p: str) -> None:
+        _require(self.every >= 0, f"{p}.every must be >= 0 (got {self.every})")
+        _require(self.count >= 1 and self.n_samples >= 1, f"{p}.count and {p}.n_samples must be >= 1")
+        _require(all(1 <= k <= self.n_samples for k in self.k) and bool(self.k),
+                 f"{p}.k values must lie in [1, n_samples={self.n_samples}] (got {self.k})")
+        _require(self.temperature > 0, f"{p}.temperature must be > 0 (entropy and pass@k need sampling; got {self.temperature})")
+        if self.task and self.every:
+            from evolm.tasks import TASKS
+
+            _require(self.task in TASKS, f"{p}.task must be one of {sorted(TASKS)} (got '{self.task}')")
+
+
+@dataclass
 class ESJob:
     """An ES post-training run: ``evolm es --config FILE``."""
 
@@ -209,6 +242,7 @@ class ESJob:
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     es: ESConfig = field(default_factory=ESConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    probe: ProbeConfig = field(default_factory=ProbeConfig)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -182,8 +182,8 @@ def run_es(cfg, resume: RunDir | None = None, *, model=None, tokenizer=None, tas
 
     ``model``/``tokenizer``/``task``/``generator`` may be injected (tests, pipelines); otherwise they
     are built from the config. ``callbacks`` are called as ``cb(step, record)`` after every update.
-    ``probe(model, step) -> dict`` is logged as a ``kind="probe"`` record at step 0, every
-    ``eval.probe_every`` updates (when that field exists) and at the end.
+    ``probe(model, step) -> dict`` (default: ``heldout.make_probe`` from ``[probe]``) is logged as a
+    ``kind="probe"`` record at step 0, every ``probe.every`` updates and at the end.
     """
     from evolm import models
     from evolm.backends import make_generator
@@ -228,8 +228,10 @@ def run_es(cfg, resume: RunDir | None = None, *, model=None, tokenizer=None, tas
     say(f"[evolm] ES on {cfg.model.spec}: {len(params.names)} tensors, {params.numel:,} parameters, "
         f"N={es.population} ({es.estimator}), sigma={es.sigma}, lr={es.lr}, noise={es.noise}; run dir {run.path}")
 
-    from evolm.heldout import heldout_eval
+    from evolm.heldout import heldout_eval, make_probe
 
+    if probe is None:
+        probe = make_probe(cfg, tokenizer, generator, task)
     if cfg.eval.before_after and start == 0 and not (run.path / "eval_before.json").exists():
         heldout_eval(cfg, model, tokenizer, generator, task, run, label="before", step=0, say=say)
     if probe is not None and start == 0:
@@ -241,7 +243,7 @@ def run_es(cfg, resume: RunDir | None = None, *, model=None, tokenizer=None, tas
 
     bar = tqdm(total=es.iterations * len(layout), initial=start * len(layout), desc="ES", unit="member",
                disable=quiet or not cfg.run.progress, dynamic_ncols=True, file=sys.stdout)
-    probe_every = getattr(cfg.eval, "probe_every", 0)
+    probe_every = cfg.probe.every
     for iteration in range(start, es.iterations):
         t_start = time.perf_counter()
         examples, prompts = training_batch(task, tokenizer, cfg.run.seed, iteration, es.prompts_per_iteration)
