@@ -31,7 +31,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from evolm.errors import UserError
 
@@ -178,11 +178,16 @@ class RunDir:
     def checkpoint_dir(self) -> Path:
         return self.path / "checkpoints"
 
-    def save_checkpoint(self, model, step: int, state: dict, keep: int = 2) -> Path:
-        """Save the model weights and a state dict for ``step``; keep the newest ``keep`` checkpoints."""
+    def save_checkpoint(self, model, step: int, state: dict, keep: int = 2,
+                        write_extra: Callable[[Path], None] | None = None) -> Path:
+        """Save the model weights and a state dict for ``step``; keep the newest ``keep`` checkpoints.
+
+        ``write_extra(tmp_dir)``, when given, writes further files (e.g. optimizer state) into the
+        checkpoint before it is renamed into place, so they appear atomically with the weights.
+        """
         name = f"step_{step:06d}"
         final = self.checkpoint_dir / name
-        self._save_model_dir(final, model, None, extra={"state.json": {"step": step, **state}})
+        self._save_model_dir(final, model, None, extra={"state.json": {"step": step, **state}}, write_extra=write_extra)
         atomic_write_text(self.checkpoint_dir / "LATEST", name + "\n")
         for old in self.checkpoints()[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
@@ -210,7 +215,8 @@ class RunDir:
         return self.path / "final"
 
     @staticmethod
-    def _save_model_dir(target: Path, model, tokenizer, extra: dict[str, Any]) -> None:
+    def _save_model_dir(target: Path, model, tokenizer, extra: dict[str, Any],
+                        write_extra: Callable[[Path], None] | None = None) -> None:
         from evolm.models import quiet_transformers
 
         quiet_transformers()
@@ -222,6 +228,8 @@ class RunDir:
                 tokenizer.save_pretrained(tmp)
             for fname, obj in extra.items():
                 atomic_write_json(tmp / fname, obj)
+            if write_extra is not None:
+                write_extra(tmp)
             if target.exists():
                 old = target.with_name(f".{target.name}.old")
                 shutil.rmtree(old, ignore_errors=True)
