@@ -25,5 +25,6 @@ def make_task(name: str, reward: str = "qiu", system_prompt: str | None = None, 
 
 
 from evolm.tasks import arithmetic, countdown  # noqa: E402,F401  (registration)
+from evolm.tasks import arc, csqa, gpqa, gsm8k, hotpotqa, math500, sst2  # noqa: E402,F401  (dataset-backed tasks)
 
 __all__ = ["Example", "Task", "TASKS", "make_task", "register"]
