@@ -58,6 +58,14 @@ def _setup(args):
     return cfg, model, tokenizer, task, generator
 
 
+def _device_name(device: str) -> str:
+    import platform
+
+    import torch
+
+    return torch.cuda.get_device_name(device) if device.startswith("cuda") else platform.processor() or platform.machine()
+
+
 def _sync(device):
     if device.startswith("cuda"):
         import torch
@@ -79,6 +87,14 @@ def child_time(args) -> dict:
     examples, prompts = training_batch(task, tokenizer, 0, 0, cfg.es.prompts_per_iteration)
     sampling = SamplingParams(n=1, temperature=0.0, max_new_tokens=cfg.generation.max_new_tokens)
     generator.generate(prompts, sampling)  # warm-up
+    import torch
+
+    snapshot = [t.detach().clone() for t in params.tensors]
+    for cycle in range(5):  # bit-exact restore on this device
+        params.perturb(1000 + cycle, cycle, 1, cfg.es.sigma)
+        params.restore()
+    restore_exact = all(torch.equal(a, b) for a, b in zip(snapshot, params.tensors))
+    del snapshot
     gen, es, phases = [], [], []
     for r in range(args.repeats):
         _sync(args.device)
@@ -97,6 +113,7 @@ def child_time(args) -> dict:
         es.append(time.perf_counter() - t)
         phases.append({**scores.seconds, "update": time.perf_counter() - t_u, "gen_tokens": scores.gen_tokens})
     return {"generation_s": gen, "es_iteration_s": es, "phases": phases, "noise_setup_s": setup_s,
+            "restore_exact": restore_exact, "device_name": _device_name(args.device),
             "ratio": statistics.median(es) / statistics.median(gen), "params": params.numel}
 
 
@@ -172,7 +189,7 @@ def main() -> None:
         print(f"noise={noise}: ES iteration / pure generation = {timing['ratio']:.3f} "
               f"(generation {statistics.median(timing['generation_s']):.1f}s, ES {statistics.median(timing['es_iteration_s']):.1f}s; "
               f"per iteration: perturb {med('perturb'):.2f}s, restore {med('restore'):.2f}s, update {med('update'):.2f}s); "
-              f"peak RSS ES {es['peak_rss_mb']:.0f} MB / inference {inference['peak_rss_mb']:.0f} MB = {results[noise]['rss_ratio']:.3f}"
+              f"restore bit-exact: {timing['restore_exact']}; peak RSS ES {es['peak_rss_mb']:.0f} MB / inference {inference['peak_rss_mb']:.0f} MB = {results[noise]['rss_ratio']:.3f}"
               + (f"; GPU peak ES {es['peak_gpu_mb']:.0f} MB / inference {inference['peak_gpu_mb']:.0f} MB" if "peak_gpu_mb" in es else ""))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
