@@ -95,8 +95,8 @@ class TaskConfig:
 
 @dataclass
 class GenerationConfig:
-    backend: Literal["hf", "vllm"] = "hf"
-    """Generation backend: hf (transformers generate, CPU or GPU) or vllm (GPU, optional extra)."""
+    backend: Literal["hf"] = "hf"
+    """Generation backend: hf (transformers generate, CPU or GPU). Others implement evolm.backends.base.Generator."""
     batch_size: int = 32
     """Prompts per generate() call."""
     max_new_tokens: int = 24

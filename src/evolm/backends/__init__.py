@@ -11,13 +11,9 @@ def make_generator(backend: str, model, tokenizer, batch_size: int = 32) -> Gene
         from evolm.backends.hf import HFGenerator
 
         return HFGenerator(model, tokenizer, batch_size=batch_size)
-    if backend == "vllm":
-        from evolm.backends.vllm import VLLMGenerator
-
-        return VLLMGenerator(model, tokenizer, batch_size=batch_size)
     from evolm.errors import ConfigError
 
-    raise ConfigError(f"generation.backend must be 'hf' or 'vllm' (got '{backend}')")
+    raise ConfigError(f"generation.backend must be 'hf' (got '{backend}')")
 
 
 __all__ = ["Completion", "Generator", "SamplingParams", "make_generator"]
