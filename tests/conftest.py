@@ -49,14 +49,16 @@ def tiny_model(tokenizer):
     return make_tiny_model(tokenizer)
 
 
-def make_vowel_task():
+def make_vowel_task(threshold: float = 0.5):
     """A toy verifiable task for tiny random models: reward = share of vowels among the completion's
-    non-space characters. A random 2-layer model starts near 0.1 and ES raises it within seconds."""
+    non-space characters. A random 2-layer model starts near 0.1 and ES raises it within seconds.
+    A completion is correct when the share is at least ``threshold``: a random model never reaches
+    the default 0.5; 1/3 (task name "vowels-third") gives success probabilities between 0 and 1."""
     from evolm.rewards import Verdict
     from evolm.tasks.base import Example, Task
 
     class Vowels(Task):
-        name = "vowels"
+        name = "vowels" if threshold == 0.5 else "vowels-third" if threshold == 1 / 3 else f"vowels-{threshold:g}"
         instruction = ""
 
         def examples(self, split, count, seed=0):
@@ -71,7 +73,7 @@ def make_vowel_task():
         def check(self, completion, example):
             s = completion.replace(" ", "")
             share = sum(ch in "aeiou" for ch in s) / max(1, len(s))
-            return Verdict(format_ok=bool(s), correct=share >= 0.5, answer=completion)
+            return Verdict(format_ok=bool(s), correct=share >= threshold, answer=completion)
 
         def reward(self, completion, example):
             s = completion.replace(" ", "")

@@ -1,5 +1,5 @@
-"""``evolm analyze KIND``: drift, sparsity, localisation, compression and diversity, each writing
-``<out>/<kind>.json`` and ``<out>/<kind>.png``.
+"""``evolm analyze KIND``: drift, sparsity, localisation, compression, diversity and update-variance,
+each writing ``<out>/<kind>.json`` and ``<out>/<kind>.png``.
 
 Design decisions:
 
@@ -12,6 +12,11 @@ Design decisions:
 - Weights are read as float32 safetensors without building a model; a model is loaded only for
   the analyses that re-evaluate (sparsity curve, compression), once, and every variant is copied
   into it.
+- ``diversity --model`` and ``update-variance`` measure an ES population around a model (a run
+  directory's final weights or any spec) with the engine's own perturb/restore
+  (``evolm.es.measure``). Their ES settings (σ, N, estimator, shaping, noise, parameter
+  categories, seed) and task come from the run directory's ``config.toml`` when there is one,
+  then from the command line; the resolved settings are written into the JSON.
 - This module imports nothing heavy at top level, so ``evolm --help`` stays fast.
 """
 
@@ -24,7 +29,7 @@ from pathlib import Path
 
 from evolm.errors import UserError
 
-KINDS = ("drift", "sparsity", "localisation", "compression", "diversity")
+KINDS = ("drift", "sparsity", "localisation", "compression", "diversity", "update_variance")
 
 
 # -- argument helpers ---------------------------------------------------------------------------------
@@ -291,8 +296,10 @@ def _cmd_diversity(args) -> int:
 
     from evolm.analysis.diversity import diversity_report
 
+    if args.from_file and args.model:
+        raise UserError("evolm analyze diversity takes --from FILE (measured before) or --model SPEC (measure now), not both")
     if not args.from_file:
-        raise UserError("evolm analyze diversity needs --from FILE (measured correctness; see --help for the format)")
+        return _measure_diversity(args)
     path = Path(args.from_file)
     if not path.exists():
         raise UserError(f"{path} does not exist")
@@ -301,9 +308,182 @@ def _cmd_diversity(args) -> int:
     except json.JSONDecodeError as e:
         raise UserError(f"{path} is not valid JSON: {e}") from None
     result = {"kind": "diversity", "source": str(path), **diversity_report(data)}
-    print(f"coverage: population {result['population']:.3f} vs centre {result['center']:.3f} "
-          f"(gap {result['gap']:+.3f}); verifier-projected JSD {result['js_divergence']:.4f} nats")
+    _print_diversity(result)
     _report(*_write(args.out, "diversity", result))
+    return 0
+
+
+def _print_diversity(result: dict) -> None:
+    null = result.get("js_divergence_null")
+    print(f"coverage: population {result['population']:.3f} vs centre {result['center']:.3f} "
+          f"(gap {result['gap']:+.3f}); verifier-projected JSD {result['js_divergence']:.4f} nats"
+          + (f" (sampling-noise baseline {null:.4f})" if null is not None else ""))
+
+
+# -- measurements on an ES population (evolm.es.measure) ---------------------------------------------
+
+def _es_setup(args, split: str):
+    """``(cfg, spec, model, tokenizer, task, params, generator)`` for a population around ``--model``.
+
+    The ES job config starts from the run directory's config.toml (when ``--model`` is one), then the
+    command-line flags override it; it is validated like any ES config.
+    """
+    from evolm import config, models
+    from evolm.backends import make_generator
+    from evolm.es.engine import build_paramset
+    from evolm.tasks import make_task
+
+    spec = args.model or config.ModelConfig().spec
+    raw = _run_config(spec) if Path(spec).is_dir() else {}
+    data = {k: dict(raw[k]) for k in ("model", "task", "generation", "es") if isinstance(raw.get(k), dict)}
+    if "seed" in raw.get("run", {}):
+        data["run"] = {"seed": raw["run"]["seed"]}  # only the seed: names and directories are the run's own
+    task = data.setdefault("task", {})
+    if args.task and args.task != task.get("name"):
+        data["task"] = task = {"name": args.task}  # another task than the run's: none of its task settings apply
+    if not task.get("name"):
+        raise UserError("pass --task NAME (it is only inferred from an ES run directory's config)")
+    for assignment in args.task_param:
+        if "=" not in assignment:
+            raise UserError(f"--task-param expects KEY=VALUE (got '{assignment}')")
+        key, value = assignment.split("=", 1)
+        task.setdefault("params", {})[key.strip()] = _toml_value(value.strip())
+    es = data.setdefault("es", {})
+    for flag, key in (("population", "population"), ("sigma", "sigma"), ("lr", "lr"), ("shaping", "shaping"),
+                      ("noise", "noise")):
+        if getattr(args, flag, None) is not None:
+            es[key] = getattr(args, flag)
+    if getattr(args, "params", None):
+        es["params"] = [c.strip() for c in args.params.split(",") if c.strip()]
+    if getattr(args, "estimator_single", None):
+        es["estimator"] = args.estimator_single
+    if args.seed is not None:
+        data["run"] = {"seed": args.seed}
+    gen = data.setdefault("generation", {})
+    if args.max_new_tokens:
+        gen["max_new_tokens"] = args.max_new_tokens
+    if args.batch_size:
+        gen["batch_size"] = args.batch_size
+    data["model"] = {**data.get("model", {}), "spec": spec, "threads": args.threads, "device": args.device}
+    if args.dtype:
+        data["model"]["dtype"] = args.dtype
+    cfg = config.from_dict(config.ESJob, data)
+    t = cfg.task
+    task_obj = make_task(t.name, t.reward, t.system_prompt, **t.params)
+    if not task_obj.examples(split, 1, cfg.run.seed):
+        raise UserError(f"task '{t.name}' has no '{split}' examples")
+    model, tokenizer = models.load(spec, dtype=cfg.model.dtype, threads=cfg.model.threads, device=cfg.model.device)
+    params = build_paramset(model, cfg)
+    generator = make_generator(cfg.generation.backend, model, tokenizer, cfg.generation.batch_size)
+    return cfg, spec, model, tokenizer, task_obj, params, generator
+
+
+def _es_summary(cfg, spec: str, params, task) -> dict:
+    es = cfg.es
+    return {"model": spec, "task": task.name, "task_params": cfg.task.params, "seed": cfg.run.seed,
+            "sigma": es.sigma, "population": es.population, "noise": params.noise.describe(), "params": es.params,
+            "param_regex": es.param_regex, "num_parameters": params.numel}
+
+
+def _progress(total: int, desc: str):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit="member", dynamic_ncols=True, file=sys.stdout)
+
+
+def _measure_diversity(args) -> int:
+    from evolm.analysis.diversity import diversity_report
+    from evolm.es.measure import population_correctness
+    from evolm.runs import atomic_write_json
+
+    if args.temperature <= 0 and (args.samples_per_member > 1 or (args.center_samples or 0) > 1):
+        raise UserError("several samples per prompt at temperature 0 are all the same completion; use --temperature > 0")
+    if args.samples_per_member < 1 or args.count < 1:
+        raise UserError("--samples-per-member and --count must be >= 1")
+    cfg, spec, model, tokenizer, task, params, generator = _es_setup(args, args.split)
+    examples = task.examples(args.split, args.count, cfg.run.seed)
+    es = cfg.es
+    center_n = args.center_samples or (es.population * args.samples_per_member if args.temperature > 0 else 1)
+    print(f"diversity of {es.population} members (σ={es.sigma}, {es.estimator}, noise key {args.iteration}) around {spec} "
+          f"on {len(examples)} {task.name} {args.split} problems: {args.samples_per_member} sample(s) per member, "
+          f"{center_n} from the centre, T={args.temperature}", flush=True)
+    bar = _progress(es.population, "members")
+    try:
+        measured = population_correctness(
+            params, generator, task, tokenizer, examples, sigma=es.sigma, estimator=es.estimator,
+            population=es.population, iteration=args.iteration, samples_per_member=args.samples_per_member,
+            center_samples=center_n, temperature=args.temperature, top_p=args.top_p,
+            max_new_tokens=cfg.generation.max_new_tokens, seed=cfg.run.seed,
+            common_random_numbers=args.common_random_numbers, on_member=lambda: bar.update(1))
+    finally:
+        bar.close()
+    setup = {**_es_summary(cfg, spec, params, task), "estimator": es.estimator, "iteration": args.iteration,
+             "split": args.split, "num_examples": len(examples), "temperature": args.temperature, "top_p": args.top_p,
+             "max_new_tokens": cfg.generation.max_new_tokens}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    samples_path = out / "diversity_samples.json"
+    atomic_write_json(samples_path, {**setup, **measured})  # the --from format: re-analysable later
+    skip = {"member_correct", "center_correct", "center_samples", "layout"}
+    result = {"kind": "diversity", "source": str(samples_path), "setup": setup,
+              **{k: v for k, v in measured.items() if k not in skip}, **diversity_report(measured)}
+    result.pop("input", None)
+    _print_diversity(result)
+    _report(*_write(args.out, "diversity", result))
+    return 0
+
+
+def _cmd_update_variance(args) -> int:
+    from evolm.analysis.ablations import update_spread
+    from evolm.backends.base import SamplingParams
+    from evolm.es.engine import training_batch
+    from evolm.es.measure import coordinate_subset, update_samples
+    from evolm.es.noise import derive_seed
+
+    estimators = [e.strip() for e in args.estimator.split(",") if e.strip()]
+    bad = [e for e in estimators if e not in ("one_point", "antithetic")]
+    if bad or not estimators:
+        raise UserError(f"--estimator takes one_point and/or antithetic, comma-separated (got '{args.estimator}')")
+    if args.repeats < 2:
+        raise UserError("--repeats must be >= 2 (the spread of one update sample is undefined)")
+    args.estimator_single = estimators[0]
+    cfg, spec, model, tokenizer, task, params, generator = _es_setup(args, "train")
+    es, gen = cfg.es, cfg.generation
+    if "antithetic" in estimators and es.population % 2:
+        raise UserError(f"the antithetic estimator needs an even --population (got {es.population})")
+    count = args.count or es.prompts_per_iteration
+    examples, _ = training_batch(task, tokenizer, cfg.run.seed, 0, count)
+    sampling = SamplingParams(n=1, temperature=gen.temperature, top_p=gen.top_p, max_new_tokens=gen.max_new_tokens,
+                              seed=derive_seed(cfg.run.seed, "sampling", 0) % (2**31))
+    subset = coordinate_subset(params, args.coords, cfg.run.seed)
+    result = {"kind": "update_variance", "setup": {**_es_summary(cfg, spec, params, task), "lr": es.lr,
+              "shaping": es.shaping, "divide_by_sigma": es.divide_by_sigma, "repeats": args.repeats,
+              "prompts": len(examples), "temperature": gen.temperature, "max_new_tokens": gen.max_new_tokens,
+              "coordinates": subset.size, "of_coordinates": subset.total,
+              "note": "repeat r uses noise key r; weights, prompts and sampling seed are the same for every repeat"},
+              "estimators": {}}
+    print(f"update variance around {spec}: N={es.population}, σ={es.sigma}, {args.repeats} repeats x "
+          f"{', '.join(estimators)} on {len(examples)} {task.name} training prompts; {subset.size:,} of "
+          f"{subset.total:,} coordinates", flush=True)
+    for est in estimators:
+        bar = _progress(args.repeats * es.population, est)
+        try:
+            samples = update_samples(params, generator, task, tokenizer, examples, estimator=est, population=es.population,
+                                     sigma=es.sigma, lr=es.lr, shaping=es.shaping, divide_by_sigma=es.divide_by_sigma,
+                                     repeats=args.repeats, sampling=sampling, subset=subset, seed=cfg.run.seed,
+                                     on_member=lambda: bar.update(1))
+        finally:
+            bar.close()
+        spread = update_spread(samples.pop("vectors"))
+        result["estimators"][est] = {**spread, "evaluations_per_update": es.population,
+                                     "directions_per_update": es.population // 2 if est == "antithetic" else es.population,
+                                     **{k: samples[k] for k in ("status", "fitness", "scale", "seconds", "gen_tokens", "keys",
+                                                                "weights_unchanged")}}
+        cos = spread["mean_pairwise_cosine"]
+        print(f"{est}: mean pairwise cosine {'n/a' if cos is None else f'{cos:.4f}'}, relative variance "
+              f"{spread['relative_variance'] if spread['relative_variance'] is None else round(spread['relative_variance'], 4)}, "
+              f"mean |update| {spread['mean_update_norm']:.3g} ({samples['status'].count('applied')}/{args.repeats} applied)")
+    _report(*_write(args.out, "update_variance", result))
     return 0
 
 
@@ -340,7 +520,7 @@ def _add_eval(p: argparse.ArgumentParser) -> None:
 
 def add_cli(subparsers) -> None:
     p = subparsers.add_parser(
-        "analyze", help="compare trained weights with their base: drift, sparsity, localisation, compression, diversity",
+        "analyze", help="what training did to a model: drift, sparsity, localisation, compression; ES population diversity and update variance",
         description="Analyses of what training did to a model. Each writes <out>/<kind>.json and <out>/<kind>.png. "
                     "Weights are read in float32 (tied embeddings counted once).")
     kinds = p.add_subparsers(dest="kind", metavar="KIND")
@@ -384,15 +564,78 @@ def add_cli(subparsers) -> None:
 
     k = kinds.add_parser("diversity", help="Lemma 2: population coverage vs centre, and verifier-projected JS divergence",
                          formatter_class=argparse.RawDescriptionHelpFormatter,
-                         description="Reads measured correctness of an ES population and its centre and writes coverage of one "
-                                     "sample per member vs N centre samples, and the verifier-projected Jensen-Shannon divergence.\n\n"
-                                     "FILE (JSON): {\"member_correct\": [member][prompt][sample] 0/1, \"center_correct\": "
-                                     "[prompt][sample] 0/1, \"center_samples\": N (optional, default: number of members)}\n"
-                                     "or {\"p_members\": [member][prompt] probabilities, \"q_center\": [prompt] probabilities}.")
-    k.add_argument("--from", dest="from_file", metavar="FILE", help="measured correctness file (JSON)")
-    k.add_argument("--out", default="analysis", metavar="DIR", help="output directory (default: analysis)")
+                         description="Coverage of one sample per ES population member versus N samples from the centre "
+                                     "(N = number of members), and the verifier-projected Jensen-Shannon divergence among "
+                                     "the members' correctness distributions.\n\n"
+                                     "--model SPEC_OR_RUN measures it now: each member θ + σ·ε_i (the ES engine's own noise "
+                                     "and exact perturb/restore) and the centre θ answer the same --count problems; "
+                                     "p_ij is estimated from --samples-per-member samples. Writes diversity.json, "
+                                     "diversity.png and diversity_samples.json (the --from format).\n\n"
+                                     "--from FILE re-analyses measured correctness (JSON): {\"member_correct\": "
+                                     "[member][prompt][sample] 0/1, \"center_correct\": [prompt][sample] 0/1, "
+                                     "\"center_samples\": N (optional, default: number of members)} "
+                                     "or {\"p_members\": [member][prompt] probabilities, \"q_center\": [prompt] probabilities}.",
+                         epilog="example: evolm analyze diversity --model runs/es-demo --population 8 --sigma 0.001 "
+                                "--count 32 --samples-per-member 4 --out runs/es-demo/analysis")
+    k.add_argument("--from", dest="from_file", metavar="FILE", help="measured correctness file (JSON) to re-analyse")
+    _add_population(k, split="test")
+    g = k.add_argument_group("diversity measurement")
+    g.add_argument("--count", type=int, default=32, help="problems every member and the centre answer (default: 32)")
+    g.add_argument("--samples-per-member", type=int, default=1,
+                   help="samples per member and problem; their mean estimates p_ij (default: 1)")
+    g.add_argument("--center-samples", type=int, default=0,
+                   help="samples per problem from the centre (default: population x samples-per-member, which gives "
+                        "the unbiased pass@N estimate and the sampling-noise JSD baseline)")
+    g.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default: 1.0, as in evaluation)")
+    g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default: 1.0)")
+    g.add_argument("--estimator", dest="estimator_single", choices=["one_point", "antithetic"],
+                   help="member layout: one_point = N directions; antithetic = N/2 directions at ±σε (default: the run's, else one_point)")
+    g.add_argument("--iteration", type=int, default=0, help="noise key of the population (ES iteration index; default: 0)")
+    g.add_argument("--common-random-numbers", action="store_true",
+                   help="one sampling seed for every member and the centre, as while training (default: independent "
+                        "seeds, which keep the population-coverage estimate unbiased)")
     k.set_defaults(func=_cmd_diversity)
 
+    k = kinds.add_parser("update-variance", aliases=["update_variance"],
+                         help="spread of R independent ES update estimates at fixed weights (estimator ablation)",
+                         description="At fixed weights and one fixed batch of training prompts (ES iteration 0's), draw R "
+                                     "independent ES updates (noise keys 0..R-1) per estimator with the engine's own scoring "
+                                     "and update rule, evaluate each on a random subset of coordinates, and report the mean "
+                                     "pairwise cosine similarity and the per-coordinate variance. One-point and antithetic "
+                                     "are compared at equal evaluation budget (the same population N). Writes "
+                                     "update_variance.json and update_variance.png.",
+                         epilog="example: evolm analyze update-variance --model smollm2-135m --task arithmetic "
+                                "--estimator one_point,antithetic --population 8 --repeats 4 --count 16")
+    _add_population(k, split="train")
+    g = k.add_argument_group("update estimate")
+    g.add_argument("--estimator", default="one_point,antithetic", help="comma-separated estimators (default: one_point,antithetic)")
+    g.add_argument("--repeats", type=int, default=4, help="independent update samples R per estimator (default: 4)")
+    g.add_argument("--lr", type=float, help="step size α (default: the run's es.lr, else 5e-4)")
+    g.add_argument("--shaping", choices=["zscore", "centered_rank", "none"], help="fitness shaping (default: the run's, else zscore)")
+    g.add_argument("--count", type=int, default=0, help="training prompts in the fixed batch (default: es.prompts_per_iteration)")
+    g.add_argument("--coords", type=int, default=100_000, help="coordinates the update is evaluated on (default: 100000)")
+    k.set_defaults(func=_cmd_update_variance, kind="update_variance")
+
+
+def _add_population(p: argparse.ArgumentParser, split: str) -> None:
+    g = p.add_argument_group("ES population (defaults: the run directory's config.toml, else the ES defaults)")
+    g.add_argument("--model", metavar="SPEC_OR_RUN", help="the centre: an ES run directory (its final weights and "
+                   "settings) or any model spec (default: smollm2-135m)")
+    g.add_argument("--task", help="task (default: the run's [task])")
+    g.add_argument("--task-param", action="append", default=[], metavar="KEY=VALUE", help="task parameter (repeatable)")
+    if split == "test":
+        g.add_argument("--split", default="test", help="problem split (default: test)")
+    g.add_argument("--population", type=int, help="members N (default: the run's es.population, else 8)")
+    g.add_argument("--sigma", type=float, help="perturbation scale σ (default: the run's es.sigma, else 1e-3)")
+    g.add_argument("--params", help="comma-separated parameter categories to perturb (default: the run's es.params, else all)")
+    g.add_argument("--noise", choices=["table", "stream"], help="noise source (default: the run's, else table)")
+    g.add_argument("--seed", type=int, help="root seed of noise, problems and sampling (default: the run's run.seed, else 0)")
+    g.add_argument("--max-new-tokens", type=int, default=0, help="completion length (default: the run's generation.max_new_tokens)")
+    g.add_argument("--batch-size", type=int, default=0, help="generation batch size (default: the run's, else 32)")
+    g.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="model dtype (default: the run's, else float32)")
+    g.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    g.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: 1)")
+    p.add_argument("--out", default="analysis", metavar="DIR", help="output directory (default: analysis)")
 
 if __name__ == "__main__":  # pragma: no cover
     from evolm.cli import main

@@ -23,9 +23,14 @@ Design decisions:
   probability, which would favour the population), so ``diversity_from_samples`` uses the unbiased
   pass@N estimator ``1 − C(n − c, N) / C(n, N)`` for the centre whenever it has n ≥ N samples per
   prompt, and says which estimator it used. The JS divergence from sample means is biased upward for
-  few samples (sampling noise looks like diversity); the number of samples is recorded with it.
-- Sampling each member (perturb, generate, restore) needs the ES engine and lives there; this module
-  only turns measured correctness into numbers, a JSON file and a plot.
+  few samples (sampling noise looks like diversity); the number of samples is recorded with it, and
+  when the centre has at least M × m samples per prompt (M members, m samples each) the same
+  statistic is computed on M disjoint groups of m centre samples (``js_divergence_null``): M copies
+  of *one* policy, i.e. what sampling noise alone produces at this sample size. Diversity shows as
+  ``js_divergence`` above that baseline.
+- Sampling each member (perturb, generate, restore) needs the ES engine and lives there
+  (``evolm.es.measure.population_correctness``, run by ``evolm analyze diversity --model``); this
+  module only turns measured correctness into numbers, a JSON file and a plot.
 
 Input file for ``evolm analyze diversity --from FILE`` (JSON)::
 
@@ -96,15 +101,26 @@ def verifier_js_divergence(p_members, per_prompt: bool = False):
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k from n samples with c correct: ``1 − C(n − c, k) / C(n, k)`` (needs n ≥ k).
+    """Unbiased pass@k from n samples with c correct: ``1 − C(n − c, k) / C(n, k)`` (needs n ≥ k);
+    ``evolm.metrics.pass_at_k_problem``."""
+    from evolm.metrics import pass_at_k_problem
 
-    Private stand-in until ``evolm.metrics.pass_at_k`` lands; swap it then.
-    """
-    if k > n:
-        raise ValueError(f"pass@{k} needs at least {k} samples (got {n})")
-    if n - c < k:
-        return 1.0
-    return 1.0 - math.prod((n - c - i) / (n - i) for i in range(k))
+    return pass_at_k_problem(n, c, k)
+
+
+def null_js_divergence(center_correct, members: int, samples_per_member: int) -> float | None:
+    """The JS divergence of ``members`` pseudo-members that are all the centre: per prompt, the first
+    ``members × samples_per_member`` centre samples are split into ``members`` disjoint groups of
+    ``samples_per_member`` and their sample means go through ``verifier_js_divergence``. It is the
+    value sampling noise alone gives at this sample size (None when the centre has too few samples)."""
+    import numpy as np
+
+    need = members * samples_per_member
+    if members < 1 or samples_per_member < 1 or any(len(s) < need for s in center_correct):
+        return None
+    groups = np.array([np.asarray(s[:need], dtype=np.float64).reshape(members, samples_per_member).mean(axis=1)
+                       for s in center_correct])  # [prompt][member]
+    return verifier_js_divergence(groups.T)
 
 
 def diversity_from_samples(member_correct, center_correct, n_center: int | None = None) -> dict:
@@ -140,6 +156,7 @@ def diversity_from_samples(member_correct, center_correct, n_center: int | None 
     out["js_divergence"] = verifier_js_divergence(p)
     out["js_divergence_per_prompt"] = verifier_js_divergence(p, per_prompt=True)
     out["member_samples_per_prompt"] = int(min(s.size for m in members for s in m))
+    out["js_divergence_null"] = null_js_divergence(center_correct, p.shape[0], out["member_samples_per_prompt"])
     out["center_samples_per_prompt"] = int(min(s.size for s in center))
     out["member_accuracy"] = p.mean(axis=1).tolist()
     out["center_accuracy"] = float(q.mean())

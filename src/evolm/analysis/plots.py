@@ -145,11 +145,45 @@ def plot_diversity(result: dict, path) -> Path:
     left.set_title(f"gap {result['gap']:+.3f}", fontsize=9)
     js = result.get("js_divergence_per_prompt") or []
     right.bar(range(len(js)), js, color="tab:green")
-    right.axhline(result["js_divergence"], color="black", ls="--", lw=1)
+    right.axhline(result["js_divergence"], color="black", ls="--", lw=1, label="mean")
+    null = result.get("js_divergence_null")
+    if null is not None:
+        right.axhline(null, color="gray", ls=":", lw=1.2, label="sampling-noise baseline (centre split)")
+        right.legend(fontsize=7)
     right.set_xlabel("prompt")
     from matplotlib.ticker import MaxNLocator
 
     right.xaxis.set_major_locator(MaxNLocator(integer=True))
     right.set_ylabel("verifier-projected JSD (nats)")
-    right.set_title(f"mean {result['js_divergence']:.4f}", fontsize=9)
+    title = f"mean {result['js_divergence']:.4f}"
+    if null is not None:
+        title += f" (baseline {null:.4f})"
+    right.set_title(title, fontsize=9)
+    return _save(fig, path)
+
+
+def plot_update_variance(result: dict, path) -> Path:
+    """Per estimator: mean pairwise cosine of R update samples (± std) and their relative per-coordinate variance."""
+    names = list(result["estimators"])
+    est = result["estimators"]
+    fig = _figure(9.0, 3.8)
+    left, right = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    cos = [est[n]["mean_pairwise_cosine"] for n in names]
+    err = [est[n].get("std_pairwise_cosine") or 0.0 for n in names]
+    colors = ["tab:blue", "tab:orange", "tab:green", "tab:red"][:len(names)]
+    left.bar(names, [c if c is not None else 0.0 for c in cos], yerr=err, color=colors, capsize=4)
+    left.axhline(0, color="black", lw=0.8)
+    left.set_ylabel("mean pairwise cosine of updates")
+    left.set_title("agreement between independent update samples", fontsize=9)
+    rel = [est[n]["relative_variance"] for n in names]
+    right.bar(names, [r if r is not None else 0.0 for r in rel], color=colors)
+    right.axhline(1.0, color="gray", ls=":", lw=1)
+    right.set_ylabel("mean var / mean square (per coordinate)")
+    setup = result.get("setup", {})
+    right.set_title(f"N={setup.get('population')}, σ={setup.get('sigma')}, R={setup.get('repeats')} "
+                    f"({setup.get('coordinates', 0):,} coordinates)", fontsize=9)
+    for ax, values in ((left, cos), (right, rel)):
+        for i, v in enumerate(values):
+            if v is None:
+                ax.text(i, 0, "no update", ha="center", va="bottom", fontsize=8)
     return _save(fig, path)

@@ -1,0 +1,282 @@
+"""Ablation analyses over sweep results, and the spread of the ES update estimate: pure functions.
+
+A sweep (``evolm sweep``) writes ``sweep_summary.json`` whose ``points`` are plain records::
+
+    {"name": "es.population=8", "assignments": {"es.population": 8}, "status": "finished",
+     "curve": [[step, reward], ...], "updates": 300, "update_status": {"applied": 298, "zero": 2},
+     "eval_before": {...summary...} | None, "eval_after": {...} | None, "evaluations": 2400, ...}
+
+Every function here takes such a list (any iterable of dicts with those fields) and returns a dict
+that is both written to JSON and plotted by ``evolm.report``. Nothing here reads files.
+
+Definitions (stated once, used everywhere):
+
+- ``smooth(values, w)``: trailing moving average, ``s_t = mean(values[max(0, t − w + 1) .. t])``;
+  ``w = 1`` is no smoothing. Curves are smoothed before any comparison below.
+- Population scaling (Qiu et al.: "within 0.5% of the N = 30 reference at update 300"): for a
+  population N with smoothed reward curve r_N and the reference r_ref (default: the largest N of
+  the group), compared on the updates both logged, ``within_band_from`` is the first update u such
+  that for every compared update u' ≥ u: ``|r_N(u') − r_ref(u')| ≤ band × |r_ref(u')|``
+  (``mode="relative"``, default band 0.005 = 0.5%) or ``≤ band`` (``mode="absolute"``); None when even
+  the last update is outside the band. The reference itself is within from its first update.
+- σ sweep: per σ, start reward (first update), final reward (smoothed, last update), the fraction
+  of zero updates (all members scored the same: σ too small to change any output), and flags:
+  ``no_signal`` (zero-update fraction ≥ ``no_signal``, default 0.5), ``below_start`` (final < start),
+  ``collapsed`` (final < ``collapse`` × start, default 0.5, or held-out greedy accuracy after <
+  ``collapse`` × before), ``heldout_below_base`` (held-out greedy accuracy after < before). The start
+  reward is the perturbed population's at update 1, so a large σ already lowers it; the held-out
+  flags compare with the unperturbed base.
+- Estimator / shaping comparisons: final and mean (area under the curve / updates) reward per value,
+  held-out before/after when present, and, for the estimator, the evaluation budget (members ×
+  updates): one-point and antithetic are compared at equal budget, i.e. equal population N
+  (antithetic spends it on N/2 directions, each scored at ±ε); ``equal_budget`` says whether the
+  budgets match.
+- Grid keys are matched by their last component (``es.population``, ``stages.es.population`` ...);
+  the points of a sweep are grouped by their other assignments, so a population × model grid gives
+  one scaling analysis per model.
+- ``update_spread(U)`` for R update samples (rows of U, K coordinates each): mean pairwise cosine
+  similarity ``mean_{r<r'} <u_r, u_r'> / (|u_r| |u_r'|)`` (zero vectors are left out), per-coordinate
+  variance ``mean_c var_r(U[r, c])`` (ddof = 1), and ``relative_variance = mean_c var_r / mean_c
+  mean_r U²``: 0 when every repeat gives the same update, about 1 when the repeats share no
+  direction (pure noise).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable
+
+# -- curves ------------------------------------------------------------------------------------------
+
+
+def smooth(values, window: int = 1) -> list[float]:
+    """Trailing moving average over ``window`` values (fewer at the start); ``window=1`` is the identity."""
+    if window < 1:
+        raise ValueError(f"smoothing window must be >= 1 (got {window})")
+    out, acc = [], []
+    for v in values:
+        acc.append(float(v))
+        if len(acc) > window:
+            acc.pop(0)
+        out.append(sum(acc) / len(acc))
+    return out
+
+
+def _curve(point: dict, window: int) -> tuple[list[int], list[float]]:
+    pairs = [(int(s), float(r)) for s, r in point.get("curve") or [] if r is not None and math.isfinite(float(r))]
+    steps = [s for s, _ in pairs]
+    return steps, smooth([r for _, r in pairs], window)
+
+
+def first_within_band(steps, values, ref_steps, ref_values, band: float = 0.005, mode: str = "relative") -> dict:
+    """The first update from which ``values`` stays within the band around ``ref_values`` (module docstring).
+
+    Returns ``within_band_from`` (update or None), ``final_gap`` (value − reference at the last
+    compared update), ``max_abs_gap_after`` (largest |gap| from ``within_band_from`` on) and
+    ``compared`` (number of common updates).
+    """
+    if mode not in ("relative", "absolute"):
+        raise ValueError(f"band mode must be 'relative' or 'absolute' (got '{mode}')")
+    ref = dict(zip(ref_steps, ref_values))
+    common = [(s, v, ref[s]) for s, v in zip(steps, values) if s in ref]
+    if not common:
+        return {"within_band_from": None, "final_gap": None, "max_abs_gap_after": None, "compared": 0}
+    inside = [abs(v - r) <= (band * abs(r) if mode == "relative" else band) for _, v, r in common]
+    start = None
+    for i in range(len(common) - 1, -1, -1):  # walk back from the end while inside the band
+        if not inside[i]:
+            break
+        start = i
+    return {"within_band_from": None if start is None else common[start][0],
+            "final_gap": common[-1][1] - common[-1][2],
+            "max_abs_gap_after": None if start is None else max(abs(v - r) for _, v, r in common[start:]),
+            "compared": len(common)}
+
+
+# -- grouping ----------------------------------------------------------------------------------------
+
+
+def _match_key(point: dict, key: str) -> str | None:
+    """The assignment key of ``point`` that is ``key`` or ends with ``.<last component of key>``."""
+    last = key.split(".")[-1]
+    for k in point.get("assignments", {}):
+        if k == key or k.split(".")[-1] == last:
+            return k
+    return None
+
+
+def _group(points: Iterable[dict], key: str) -> dict[str, list[tuple[object, dict]]]:
+    """``{label of the other assignments: [(value of key, point), ...]}`` for points that set ``key``."""
+    groups: dict[str, list[tuple[object, dict]]] = {}
+    for p in points:
+        k = _match_key(p, key)
+        if k is None:
+            continue
+        rest = {a: v for a, v in p["assignments"].items() if a != k}
+        label = ",".join(f"{a}={v}" for a, v in sorted(rest.items())) or "all"
+        groups.setdefault(label, []).append((p["assignments"][k], p))
+    return groups
+
+
+def _sort_key(value):
+    return (0, float(value), "") if isinstance(value, (int, float)) and not isinstance(value, bool) else (1, 0.0, str(value))
+
+
+def _heldout(point: dict, which: str, metric: str = "greedy"):
+    summary = point.get(which) or {}
+    return summary.get(metric)
+
+
+def _usable(p: dict) -> bool:
+    return bool(p.get("curve"))
+
+
+# -- ablations ---------------------------------------------------------------------------------------
+
+
+def population_scaling(points, key: str = "es.population", reference=None, band: float = 0.005,
+                       mode: str = "relative", window: int = 1) -> dict:
+    """For each group and population N: the first update from which N stays within the band of the reference N."""
+    out = {"key": key, "band": band, "mode": mode, "window": window, "groups": {}}
+    for label, members in _group(points, key).items():
+        members = sorted(((v, p) for v, p in members if _usable(p)), key=lambda vp: _sort_key(vp[0]))
+        if not members:
+            continue
+        values = [v for v, _ in members]
+        ref_value = values[-1] if reference is None else reference
+        if ref_value not in values:
+            out["groups"][label] = {"reference": ref_value, "rows": [], "curves": {},
+                                    "note": f"no finished point with {key}={ref_value} in this group"}
+            continue
+        ref_steps, ref_curve = _curve(dict(members)[ref_value], window)
+        rows, curves = [], {}
+        for v, p in members:
+            steps, curve = _curve(p, window)
+            row = {"value": v, "name": p.get("name"), "final_reward": curve[-1] if curve else None,
+                   "updates": steps[-1] if steps else 0, **first_within_band(steps, curve, ref_steps, ref_curve, band, mode)}
+            rows.append(row)
+            curves[str(v)] = [[s, r] for s, r in zip(steps, curve)]
+        out["groups"][label] = {"reference": ref_value, "rows": rows, "curves": curves}
+    return out
+
+
+def sigma_sweep(points, key: str = "es.sigma", window: int = 1, collapse: float = 0.5, no_signal: float = 0.5) -> dict:
+    """Final reward against σ, with the failure flags of the module docstring."""
+    out = {"key": key, "window": window, "collapse": collapse, "no_signal": no_signal, "groups": {}}
+    for label, members in _group(points, key).items():
+        rows = []
+        for v, p in sorted(members, key=lambda vp: _sort_key(vp[0])):
+            steps, curve = _curve(p, window)
+            raw = [float(r) for _, r in p.get("curve") or [] if r is not None]
+            counts = p.get("update_status") or {}
+            total = sum(counts.values())
+            zero_fraction = counts.get("zero", 0) / total if total else None
+            start = raw[0] if raw else None
+            final = curve[-1] if curve else None
+            before, after = _heldout(p, "eval_before"), _heldout(p, "eval_after")
+            flags = []
+            if zero_fraction is not None and zero_fraction >= no_signal:
+                flags.append("no_signal")
+            if start is not None and final is not None and final < start:
+                flags.append("below_start")
+            if (start is not None and final is not None and final < collapse * start) or (
+                    before is not None and after is not None and after < collapse * before):
+                flags.append("collapsed")
+            if before is not None and after is not None and after < before:
+                flags.append("heldout_below_base")
+            rows.append({"value": v, "name": p.get("name"), "status": p.get("status"), "start_reward": start,
+                         "final_reward": final, "change": None if start is None or final is None else final - start,
+                         "zero_update_fraction": zero_fraction, "heldout_before": before, "heldout_after": after,
+                         "flags": flags})
+        ok = [r for r in rows if r["final_reward"] is not None and not r["flags"]]
+        best = max(ok, key=lambda r: r["final_reward"])["value"] if ok else None
+        out["groups"][label] = {"rows": rows, "best": best}
+    return out
+
+
+def _comparison(points, key: str, window: int) -> dict:
+    out = {"key": key, "window": window, "groups": {}}
+    for label, members in _group(points, key).items():
+        rows, curves = [], {}
+        for v, p in sorted(members, key=lambda vp: _sort_key(vp[0])):
+            steps, curve = _curve(p, window)
+            raw = [float(r) for _, r in p.get("curve") or [] if r is not None]
+            rows.append({"value": v, "name": p.get("name"), "status": p.get("status"), "updates": steps[-1] if steps else 0,
+                         "final_reward": curve[-1] if curve else None,
+                         "mean_reward": sum(raw) / len(raw) if raw else None,
+                         "evaluations": p.get("evaluations"),
+                         "heldout_before": _heldout(p, "eval_before"), "heldout_after": _heldout(p, "eval_after")})
+            curves[str(v)] = [[s, r] for s, r in zip(steps, curve)]
+        out["groups"][label] = {"rows": rows, "curves": curves}
+    return out
+
+
+def estimator_comparison(points, key: str = "es.estimator", window: int = 1) -> dict:
+    """One-point vs antithetic: curves, final/mean reward and the evaluation budget of each."""
+    out = _comparison(points, key, window)
+    for group in out["groups"].values():
+        budgets = {r["evaluations"] for r in group["rows"] if r["evaluations"] is not None}
+        group["equal_budget"] = len(budgets) == 1 if budgets else None
+    return out
+
+
+def shaping_comparison(points, key: str = "es.shaping", window: int = 1) -> dict:
+    """z-score vs none vs centred rank: curves and final/mean reward."""
+    return _comparison(points, key, window)
+
+
+ABLATIONS = {"population": population_scaling, "sigma": sigma_sweep, "estimator": estimator_comparison,
+             "shaping": shaping_comparison}
+"""Ablation analysis by the last component of a grid key."""
+
+
+def ablations_for(points, grid_keys, window: int = 1, band: float = 0.005, mode: str = "relative",
+                  reference=None) -> dict:
+    """Every ablation a sweep's grid supports: ``{name: result}`` for grid keys ending in population,
+    sigma, estimator or shaping."""
+    points = list(points)
+    out = {}
+    for key in grid_keys:
+        name = key.split(".")[-1]
+        if name == "population":
+            out[name] = population_scaling(points, key, reference=reference, band=band, mode=mode, window=window)
+        elif name == "sigma":
+            out[name] = sigma_sweep(points, key, window=window)
+        elif name in ABLATIONS:
+            out[name] = ABLATIONS[name](points, key, window=window)
+    return out
+
+
+# -- the spread of the update estimate ---------------------------------------------------------------
+
+
+def update_spread(vectors) -> dict:
+    """Statistics of R update samples (rows of ``vectors``): see the module docstring."""
+    import numpy as np
+
+    u = np.asarray(vectors, dtype=np.float64)
+    if u.ndim != 2 or u.shape[0] < 2:
+        raise ValueError(f"update_spread needs at least 2 update samples as rows (got shape {u.shape})")
+    r = u.shape[0]
+    norms = np.linalg.norm(u, axis=1)
+    nonzero = norms > 0
+    cos = np.full((r, r), np.nan)
+    idx = np.flatnonzero(nonzero)
+    if idx.size:
+        unit = u[idx] / norms[idx, None]
+        cos[np.ix_(idx, idx)] = unit @ unit.T
+    pairs = [cos[i, j] for i in range(r) for j in range(i + 1, r) if nonzero[i] and nonzero[j]]
+    var = u.var(axis=0, ddof=1)
+    mean_sq = float((u ** 2).mean())
+    mean_vec = u.mean(axis=0)
+    return {
+        "repeats": r, "coordinates": int(u.shape[1]), "nonzero_repeats": int(nonzero.sum()),
+        "mean_pairwise_cosine": float(np.mean(pairs)) if pairs else None,
+        "std_pairwise_cosine": float(np.std(pairs)) if pairs else None,
+        "cosine_matrix": [[None if math.isnan(x) else float(x) for x in row] for row in cos],
+        "mean_coordinate_variance": float(var.mean()),
+        "mean_square": mean_sq,
+        "relative_variance": float(var.mean() / mean_sq) if mean_sq > 0 else None,
+        "mean_update_norm": float(norms.mean()),
+        "norm_of_mean_update": float(np.linalg.norm(mean_vec)),
+    }
