@@ -234,7 +234,7 @@ def run_es(cfg, resume: RunDir | None = None, *, model=None, tokenizer=None, tas
         probe = make_probe(cfg, tokenizer, generator, task)
     if cfg.eval.before_after and start == 0 and not (run.path / "eval_before.json").exists():
         heldout_eval(cfg, model, tokenizer, generator, task, run, label="before", step=0, say=say)
-    if probe is not None and start == 0:
+    if probe is not None and start == 0 and not any(r.get("kind") == "probe" for r in run.metrics()):
         run.log_metrics({"step": 0, "method": "es", "kind": "probe", **probe(model, 0)})
 
     sampling_base = dict(n=1, temperature=cfg.generation.temperature, top_p=cfg.generation.top_p,
