@@ -1,0 +1,50 @@
+"""The real default model (SmolLM2-135M-Instruct) end to end. Marked slow; the ``ci`` ones run in CI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.ci
+def test_two_es_iterations_on_the_default_model(tmp_path):
+    from evolm import config
+    from evolm.es.engine import run_es
+    from evolm.models import load
+
+    cfg = config.from_dict(config.ESJob, {}, [
+        f"run.out_dir='{tmp_path}'", "run.name='real'", "run.progress=false", "run.checkpoint_every=1",
+        "es.iterations=2", "es.population=2", "es.prompts_per_iteration=4", "generation.max_new_tokens=12",
+        "eval.count=4", "eval.n_samples=2", "eval.k=[1,2]"])
+    model, tokenizer = load(cfg.model.spec, threads=1)
+    base = {n: p.detach().clone() for n, p in model.named_parameters()}
+    run = run_es(cfg, model=model, tokenizer=tokenizer, quiet=True)
+
+    train = [r for r in run.metrics() if r.get("kind") == "train"]
+    assert [r["step"] for r in train] == [1, 2]
+    assert all(r["gen_tokens"] > 0 and r["seconds_generate"] > 0 for r in train)
+    moved = [n for n, p in model.named_parameters() if not torch.equal(p, base[n])]
+    applied = [r for r in train if r["update_status"] == "applied"]
+    assert bool(moved) == bool(applied)  # weights move exactly when an update was applied
+    before = json.loads((run.path / "eval_before.json").read_text())["summary"]
+    assert {"greedy", "pass@1", "pass@2", "entropy"} <= set(before)
+    # the final weights load back through the model loader and equal the trained model
+    reloaded, _ = load(str(run.path), threads=1)
+    for (n, p), (_, q) in zip(model.named_parameters(), reloaded.named_parameters()):
+        assert torch.equal(p, q), n
+
+
+@pytest.mark.ci
+def test_demo_cli_runs_end_to_end_with_a_tiny_budget(tmp_path, capsys):
+    from evolm.cli import main
+
+    code = main(["demo", "--set", f"run.out_dir='{tmp_path}'", "--set", "es.iterations=1", "--set", "es.population=2",
+                 "--set", "es.prompts_per_iteration=2", "--set", "eval.count=2", "--set", "eval.n_samples=2",
+                 "--set", "eval.k=[1,2]", "--set", "run.progress=false"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "greedy accuracy" in out and "pass@2 (T=1)" in out and "run directory:" in out
