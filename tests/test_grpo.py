@@ -194,6 +194,7 @@ def test_two_steps_write_an_es_compatible_run_dir(tmp_path, tokenizer):
     assert any(not torch.equal(before[k], after[k]) for k in before), "training changed the weights"
     assert all(torch.equal(final.state_dict()[k], after[k]) for k in after)
     assert not model.training and "forward" not in model.__dict__, "the caller gets a plain model back"
+    assert model.config.use_cache and not model.is_activation_checkpointing
 
 
 class StopAfter(TrainerCallback):

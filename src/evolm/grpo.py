@@ -87,8 +87,8 @@ class GRPOSection:
     """KL coefficient toward the starting weights (TRL: beta * KL(policy || reference) per token); 0 loads no reference model."""
     num_generations: int = 8
     """Completions sampled per prompt (the group size G, >= 2)."""
-    prompts_per_step: int = 1
-    """Training problems per update; one update samples prompts_per_step x num_generations completions."""
+    prompts_per_step: int = 4
+    """Training problems per update; one update samples prompts_per_step x num_generations completions. With 1, many groups have equal rewards and SmolLM2-135M did not learn 2-digit addition in 20 updates; 4 did (docs/grpo.md)."""
     temperature: float = 1.0
     """Sampling temperature of the training rollouts (> 0); TRL also divides the policy logits by it in the loss."""
     top_p: float = 1.0
@@ -518,6 +518,7 @@ def run_grpo(cfg: GRPOJob, model=None, tokenizer=None, task=None, run_dir=None, 
         run.log_metrics(probe_record(probe, model, 0, METHOD))
 
     name_or_path = model.config._name_or_path
+    use_cache = getattr(model.config, "use_cache", None)  # TRL turns it off for gradient checkpointing
     if g.beta > 0:
         reference = run.path / "reference"
         if injected or init_state_dict is not None or not (Path(name_or_path or "_") / "config.json").exists():
@@ -545,7 +546,7 @@ def run_grpo(cfg: GRPOJob, model=None, tokenizer=None, task=None, run_dir=None, 
                 raise
         final_step = max(start_step, int(trainer.state.global_step))
 
-    _restore_plain_model(model)
+    _restore_plain_model(model, use_cache)
     logged_probes = {r["step"] for r in run.metrics() if r.get("kind") == "probe"}
     if probe is not None and final_step not in logged_probes:
         run.log_metrics(probe_record(probe, model, final_step, METHOD))
@@ -561,10 +562,13 @@ def _say(cfg):
     return (lambda *a: print(*a, flush=True)) if cfg.run.progress else (lambda *a: None)
 
 
-def _restore_plain_model(model) -> None:
+def _restore_plain_model(model, use_cache: bool | None) -> None:
     """Undo what TRL/Trainer changed on the model object: the fused-LM-head forward, gradient
-    checkpointing and train mode, so callers get an ordinary model back."""
+    checkpointing, ``config.use_cache`` and train mode, so callers (the next pipeline stage) get an
+    ordinary model back."""
     model.__dict__.pop("forward", None)
+    if use_cache is not None:
+        model.config.use_cache = use_cache
     if hasattr(model, "activation_checkpointing_disable"):
         if model.is_activation_checkpointing:
             model.activation_checkpointing_disable()
