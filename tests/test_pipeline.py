@@ -230,7 +230,7 @@ def test_resume_skips_finished_stages_and_resumes_the_interrupted_one(tmp_path, 
                 raise Kill
         return cb
 
-    cfg = tiny_cfg(tmp_path, ["grpo:0.5", "es:0.5"], 4)
+    cfg = tiny_cfg(tmp_path, ["grpo:1/3", "es:2/3"], 3)
     whole = make_tiny_model(tokenizer)
     run_a = run_pipeline(cfg, model=whole, tokenizer=tokenizer, task=vowel_task, probe=CountingProbe(),
                          run_dir=tmp_path / "a", quiet=True)
@@ -256,7 +256,7 @@ def test_resume_skips_finished_stages_and_resumes_the_interrupted_one(tmp_path, 
     assert _comparable(run_a.metrics()) == _comparable(run_b.metrics())
     assert run_b.info()["status"] == "finished"
     with pytest.raises(UserError, match="plans it differently"):
-        run_pipeline(tiny_cfg(tmp_path, ["grpo:0.25", "es:0.75"], 4), resume=run_b, model=make_tiny_model(tokenizer),
+        run_pipeline(tiny_cfg(tmp_path, ["grpo:2/3", "es:1/3"], 3), resume=run_b, model=make_tiny_model(tokenizer),
                      tokenizer=tokenizer, task=vowel_task, quiet=True)
 
 
@@ -275,7 +275,8 @@ def test_probe_and_eval_records_have_the_same_fields_for_es_and_grpo(tmp_path, t
     es_cfg = config.from_dict(ESJob, {**sections, "run": {**sections["run"], "name": "es"},
                                       "es": {"iterations": 1, "population": 2, "prompts_per_iteration": 2}})
     grpo_cfg = config.from_dict(GRPOJob, {**sections, "run": {**sections["run"], "name": "grpo"},
-                                          "grpo": {"steps": 1, "num_generations": 2, "max_completion_length": 4}})
+                                          "grpo": {"steps": 1, "num_generations": 2, "prompts_per_step": 1,
+                                                   "max_completion_length": 4}})
     es_run = run_es(es_cfg, model=make_tiny_model(tokenizer), tokenizer=tokenizer, task=vowel_task, quiet=True)
     grpo_run = run_grpo(grpo_cfg, model=make_tiny_model(tokenizer), tokenizer=tokenizer, task=vowel_task)
 

@@ -438,6 +438,15 @@ def field_docs(cls) -> dict[str, str]:
     return docs
 
 
+def _inline_toml(value) -> str:
+    """A TOML value on one line: lists as ``[a, b]``, tables as ``{ k = v }``."""
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{k} = {_inline_toml(v)}" for k, v in value.items()) + " }" if value else "{}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_inline_toml(v) for v in value) + "]"
+    return tomli_w.dumps({"v": value})[4:].strip()
+
+
 def describe(cls, prefix: str = "") -> list[str]:
     """Lines ``section.field = default  # doc`` for every field of a job config (for ``evolm config``)."""
     lines = []
@@ -450,6 +459,6 @@ def describe(cls, prefix: str = "") -> list[str]:
             lines.append(f"[{key}]")
             lines += describe(type(value), prefix=f"{key}.")
         else:
-            shown = tomli_w.dumps({"v": value})[4:].strip() if value is not None else "(unset)"
+            shown = _inline_toml(value) if value is not None else "(unset)"
             lines.append(f"  {key} = {shown}    # {docs.get(f.name, '')}")
     return lines
