@@ -50,12 +50,12 @@ class LetterTask(Task):
                        answer=answer)
 
 
-def tiny_cfg(tmp_path, name="g", **grpo_fields) -> GRPOJob:
+def tiny_cfg(tmp_path, name="g", probe_every=1, **grpo_fields) -> GRPOJob:
     section = {"steps": 2, "num_generations": 4, "prompts_per_step": 2, "max_completion_length": 8, "lr": 1e-3,
-               "probe_every": 1, **grpo_fields}
+               **grpo_fields}
     return config.from_dict(GRPOJob, {
         "run": {"out_dir": str(tmp_path), "name": name, "checkpoint_every": 1, "keep_checkpoints": 5, "progress": False},
-        "task": {"name": "toy_letter"}, "grpo": section})
+        "task": {"name": "toy_letter"}, "grpo": section, "probe": {"every": probe_every}, "eval": {"before_after": False}})
 
 
 def toy_probe(model, step):
@@ -194,6 +194,7 @@ def test_two_steps_write_an_es_compatible_run_dir(tmp_path, tokenizer):
     assert any(not torch.equal(before[k], after[k]) for k in before), "training changed the weights"
     assert all(torch.equal(final.state_dict()[k], after[k]) for k in after)
     assert not model.training and "forward" not in model.__dict__, "the caller gets a plain model back"
+    assert model.config.use_cache and not model.is_activation_checkpointing
 
 
 class StopAfter(TrainerCallback):
@@ -242,7 +243,8 @@ def test_probe_does_not_change_training(tmp_path, tokenizer):
     # (also covers training without gradient checkpointing)
     run_grpo(tiny_cfg(tmp_path, name="p", gradient_checkpointing=False), model=with_probe, tokenizer=tokenizer,
              probe=toy_probe)
-    run = run_grpo(tiny_cfg(tmp_path, name="n", gradient_checkpointing=False), model=without, tokenizer=tokenizer)
+    run = run_grpo(tiny_cfg(tmp_path, name="n", probe_every=0, gradient_checkpointing=False), model=without,
+                   tokenizer=tokenizer)
     a, b = weights(with_probe), weights(without)
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert not [r for r in run.metrics() if r["kind"] == "probe"]
@@ -254,7 +256,7 @@ def test_init_state_dict_and_kl_reference(tmp_path, tokenizer):
 
     start = make_tiny_model(tokenizer, seed=1).state_dict()
     model = make_tiny_model(tokenizer, seed=0)
-    run = run_grpo(tiny_cfg(tmp_path, steps=1, beta=0.1), model=model, tokenizer=tokenizer, init_state_dict=start)
+    run = run_grpo(tiny_cfg(tmp_path, steps=1, beta=0.1, probe_every=0), model=model, tokenizer=tokenizer, init_state_dict=start)
     from transformers import AutoModelForCausalLM
 
     ref = AutoModelForCausalLM.from_pretrained(run.path / "reference")
@@ -307,6 +309,8 @@ num_generations = 4
 prompts_per_step = 2
 max_completion_length = 8
 lr = 1e-3
+[eval]
+before_after = false
 """)
     assert main(["grpo", "--config", str(cfg_file)]) == 0
     out = capsys.readouterr().out.strip().splitlines()[-1]

@@ -199,14 +199,18 @@ class EvalConfig:
             _require(self.task in TASKS, f"{p}.task must be one of {sorted(TASKS)} (got '{self.task}')")
 
 
+DEFAULT_PROBE_PARAMS = {"digits": 2, "operators": "+-"}
+"""Knobs of the default probe (arithmetic): 2-digit addition and subtraction, test split."""
+
+
 @dataclass
 class ProbeConfig:
     every: int = 0
     """Probe held-out entropy and pass@k every this many updates (0: off). Also probed before and after training."""
-    task: str = "csqa"
-    """Held-out probe task ("" = the training task's test split). A 135M model shows signal on csqa/arc_easy, not gsm8k."""
-    params: dict[str, Any] = field(default_factory=dict)
-    """Knobs of the probe task."""
+    task: str = "arithmetic"
+    """Held-out probe task ("" = the training task's test split). Default: 2-digit + and - (see params), where SmolLM2-135M-Instruct scores greedy 19%, pass@1 10%, pass@8 34% (32 problems, 8 samples at T=1, 24 tokens), so a trajectory can move both ways; it is at or below chance on csqa/arc_easy/sst2."""
+    params: dict[str, Any] | None = None
+    """Knobs of the probe task; unset: {digits = 2, operators = "+-"} when task is arithmetic, else {}."""
     count: int = 32
     """Problems per probe."""
     n_samples: int = 8
@@ -219,6 +223,10 @@ class ProbeConfig:
     """Nucleus mass of the probe."""
     max_new_tokens: int = 0
     """Completion length of the probe (0: same as generation.max_new_tokens)."""
+
+    def __post_init__(self) -> None:
+        if self.params is None:
+            self.params = dict(DEFAULT_PROBE_PARAMS) if self.task == "arithmetic" else {}
 
     def validate(self, p: str) -> None:
         _require(self.every >= 0, f"{p}.every must be >= 0 (got {self.every})")
@@ -430,6 +438,15 @@ def field_docs(cls) -> dict[str, str]:
     return docs
 
 
+def _inline_toml(value) -> str:
+    """A TOML value on one line: lists as ``[a, b]``, tables as ``{ k = v }``."""
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{k} = {_inline_toml(v)}" for k, v in value.items()) + " }" if value else "{}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_inline_toml(v) for v in value) + "]"
+    return tomli_w.dumps({"v": value})[4:].strip()
+
+
 def describe(cls, prefix: str = "") -> list[str]:
     """Lines ``section.field = default  # doc`` for every field of a job config (for ``evolm config``)."""
     lines = []
@@ -442,6 +459,6 @@ def describe(cls, prefix: str = "") -> list[str]:
             lines.append(f"[{key}]")
             lines += describe(type(value), prefix=f"{key}.")
         else:
-            shown = tomli_w.dumps({"v": value})[4:].strip() if value is not None else "(unset)"
+            shown = _inline_toml(value) if value is not None else "(unset)"
             lines.append(f"  {key} = {shown}    # {docs.get(f.name, '')}")
     return lines

@@ -35,9 +35,11 @@ Design decisions:
   ``--resume`` hands that directory to ``Trainer.train(resume_from_checkpoint=...)``, which restores
   all of them and skips the data already consumed; the test suite checks the resumed run ends with
   bit-identical weights and metrics. AdamW state costs twice the weights on disk (~1 GB for 135M).
-- The held-out probe (``probe(model, step) -> dict``) runs at step 0, every ``probe_every`` updates
-  and at the end, in eval mode under a forked random state, so probing never changes the training
-  trajectory; its dict is logged as ``{"step", "method": "grpo", "kind": "probe", ...}``.
+- Held-out measurements are ES's (``evolm.heldout``, sections ``[eval]`` and ``[probe]``): before/after
+  evaluation (``eval_before.json``, ``eval_after.json``) and the probe (``probe(model, step) -> dict``,
+  by default ``heldout.make_probe``) at step 0, every ``probe.every`` updates and at the end, logged
+  by ``heldout.probe_record`` exactly as ES logs it. They run in eval mode under a forked random
+  state, so measuring never changes the training trajectory (tested).
 - With ``beta > 0`` TRL loads a frozen reference model from ``model.config._name_or_path``. When the
   starting weights are not that directory's (injected model, ``init_state_dict``), they are saved to
   ``<run>/reference/`` first and TRL is pointed there, so the KL anchor is the weights training
@@ -55,7 +57,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal
 
-from evolm.config import EvalConfig, GenerationConfig, ModelConfig, RunConfig, TaskConfig, _require
+from evolm.config import EvalConfig, GenerationConfig, ModelConfig, ProbeConfig, RunConfig, TaskConfig, _require
 from evolm.errors import UserError
 
 METHOD = "grpo"
@@ -85,8 +87,8 @@ class GRPOSection:
     """KL coefficient toward the starting weights (TRL: beta * KL(policy || reference) per token); 0 loads no reference model."""
     num_generations: int = 8
     """Completions sampled per prompt (the group size G, >= 2)."""
-    prompts_per_step: int = 1
-    """Training problems per update; one update samples prompts_per_step x num_generations completions."""
+    prompts_per_step: int = 4
+    """Training problems per update; one update samples prompts_per_step x num_generations completions. With 1, many groups have equal rewards and SmolLM2-135M did not learn 2-digit addition in 20 updates; 4 did (docs/grpo.md)."""
     temperature: float = 1.0
     """Sampling temperature of the training rollouts (> 0); TRL also divides the policy logits by it in the loss."""
     top_p: float = 1.0
@@ -105,8 +107,6 @@ class GRPOSection:
     """bfloat16 autocast for training (GPU); off keeps the model's own dtype throughout."""
     train_examples: int = 0
     """Training problems drawn from the task's train split (0: steps x prompts_per_step, so no problem repeats)."""
-    probe_every: int = 5
-    """Run the held-out probe (when one is supplied) every this many updates, plus before the first and after the last; 0: never."""
 
     def validate(self, p: str) -> None:
         _require(self.steps >= 1, f"{p}.steps must be >= 1 (got {self.steps})")
@@ -128,7 +128,6 @@ class GRPOSection:
         _require(self.max_grad_norm >= 0, f"{p}.max_grad_norm must be >= 0 (got {self.max_grad_norm})")
         _require(self.train_examples == 0 or self.train_examples >= self.prompts_per_step,
                  f"{p}.train_examples must be 0 or >= prompts_per_step={self.prompts_per_step} (got {self.train_examples})")
-        _require(self.probe_every >= 0, f"{p}.probe_every must be >= 0 (got {self.probe_every})")
 
 
 @dataclass
@@ -137,7 +136,8 @@ class GRPOJob:
 
     ``generation`` is not used by GRPO training (TRL samples a whole update's batch in one call with
     ``grpo.temperature/top_p/max_completion_length``); it is kept so evaluation and probes read the
-    same settings for ES and GRPO runs.
+    same settings for ES and GRPO runs. ``eval`` and ``probe`` are the held-out measurements shared
+    with ES (``evolm.heldout``).
     """
 
     run: RunConfig = field(default_factory=lambda: RunConfig(name="grpo-run"))
@@ -146,6 +146,7 @@ class GRPOJob:
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     grpo: GRPOSection = field(default_factory=GRPOSection)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    probe: ProbeConfig = field(default_factory=ProbeConfig)
 
     def validate_job(self) -> None:
         device = self.model.device
@@ -341,30 +342,6 @@ def step_record(step: int, rollouts: RolloutMeter, trl_logs: dict, seconds: floa
     return record
 
 
-def run_probe(probe: Callable, model, step: int) -> dict:
-    """``{"step", "method", "kind": "probe", **probe(model, step)}``, computed in eval mode without
-    gradients under a forked random state (so probing does not change the training trajectory)."""
-    import random
-
-    import numpy as np
-    import torch
-
-    was_training = model.training
-    py_state, np_state = random.getstate(), np.random.get_state()
-    devices = [torch.cuda.current_device()] if torch.cuda.is_available() and next(model.parameters()).is_cuda else []
-    t0 = time.perf_counter()
-    with torch.random.fork_rng(devices=devices):
-        model.eval()
-        try:
-            with torch.no_grad():
-                result = dict(probe(model, step))
-        finally:
-            model.train(was_training)
-            random.setstate(py_state)
-            np.random.set_state(np_state)
-    return {"step": step, "method": METHOD, "kind": "probe", **result, "probe_seconds": time.perf_counter() - t0}
-
-
 # --------------------------------------------------------------------------------------------------
 # training
 
@@ -384,6 +361,8 @@ def _import_trl():
 def _make_callback(trainer_ref: dict, run, cfg: GRPOJob, meter: RolloutMeter, totals: dict, probe):
     """The TrainerCallback that writes metrics, probes and checkpoints after every optimizer step."""
     from transformers import TrainerCallback
+
+    from evolm.heldout import probe_record
 
     g = cfg.grpo
 
@@ -415,8 +394,8 @@ def _make_callback(trainer_ref: dict, run, cfg: GRPOJob, meter: RolloutMeter, to
 
                 record["peak_gpu_mb"] = torch.cuda.max_memory_allocated() / 2**20
             run.log_metrics(record)
-            if probe is not None and g.probe_every and step % g.probe_every == 0:
-                run.log_metrics(run_probe(probe, model, step))
+            if probe is not None and cfg.probe.every and step % cfg.probe.every == 0:
+                run.log_metrics(probe_record(probe, model, step, METHOD))
             if cfg.run.checkpoint_every and step % cfg.run.checkpoint_every == 0:
                 trainer = trainer_ref["trainer"]
 
@@ -451,7 +430,7 @@ def _open_or_create_run(cfg: GRPOJob, run_dir, resume, info: dict):
         atomic_write_text(run.config_path, config.to_toml(cfg))
         latest = run.latest_checkpoint()
         if latest is None:
-            run.truncate_after(-1)
+            run.truncate_after(0)  # keeps the step-0 held-out records (eval before, first probe)
             run.update_info(status="running", resumed_from_step=0)
             return run, None, {}
         ckpt, state = latest
@@ -478,8 +457,8 @@ def run_grpo(cfg: GRPOJob, model=None, tokenizer=None, task=None, run_dir=None, 
     - ``task``: a ``Task`` instead of building ``cfg.task`` with ``evolm.tasks.make_task``.
     - ``run_dir``: directory to create, absent or empty (default ``cfg.run.out_dir / cfg.run.name``).
     - ``init_state_dict``: starting weights loaded into the model before training (pipelines).
-    - ``probe(model, step) -> dict``: held-out probe, logged at step 0, every ``grpo.probe_every``
-      updates and at the end.
+    - ``probe(model, step) -> dict``: held-out probe, logged at step 0, every ``probe.every`` updates
+      and at the end (default: ``heldout.make_probe`` from ``[probe]``, None when ``probe.every = 0``).
     - ``resume``: a GRPO ``RunDir`` (or path) to continue from its newest checkpoint up to ``grpo.steps``.
       Pass the same ``model``/``init_state_dict`` as the original call (they define the starting
       weights, and with ``beta > 0`` the reference); the checkpoint's weights replace them.
@@ -490,7 +469,10 @@ def run_grpo(cfg: GRPOJob, model=None, tokenizer=None, task=None, run_dir=None, 
     import torch
 
     from evolm import models
+    from evolm.backends import make_generator
     from evolm.config import validate
+    from evolm.heldout import heldout_eval, make_probe, probe_record
+    from evolm.plots import plot_training
     from evolm.tasks import make_task
 
     validate(cfg)
@@ -524,10 +506,19 @@ def run_grpo(cfg: GRPOJob, model=None, tokenizer=None, task=None, run_dir=None, 
     meter = RolloutMeter()
     reward_fn = make_reward_fn(task, examples, tokenizer, meter)
 
-    if probe is not None and g.probe_every and start_step == 0:
-        run.log_metrics(run_probe(probe, model, 0))
+    generator = None
+    if cfg.eval.before_after or (probe is None and cfg.probe.every):
+        generator = make_generator(cfg.generation.backend, model, tokenizer, cfg.generation.batch_size)
+    if probe is None:
+        probe = make_probe(cfg, tokenizer, generator, task)
+    logged = {(r.get("kind"), r.get("step")) for r in run.metrics()}
+    if cfg.eval.before_after and start_step == 0 and ("eval", 0) not in logged:
+        heldout_eval(cfg, model, tokenizer, generator, task, run, label="before", step=0, say=_say(cfg))
+    if probe is not None and start_step == 0 and ("probe", 0) not in logged:
+        run.log_metrics(probe_record(probe, model, 0, METHOD))
 
     name_or_path = model.config._name_or_path
+    use_cache = getattr(model.config, "use_cache", None)  # TRL turns it off for gradient checkpointing
     if g.beta > 0:
         reference = run.path / "reference"
         if injected or init_state_dict is not None or not (Path(name_or_path or "_") / "config.json").exists():
@@ -555,19 +546,29 @@ def run_grpo(cfg: GRPOJob, model=None, tokenizer=None, task=None, run_dir=None, 
                 raise
         final_step = max(start_step, int(trainer.state.global_step))
 
-    _restore_plain_model(model)
+    _restore_plain_model(model, use_cache)
     logged_probes = {r["step"] for r in run.metrics() if r.get("kind") == "probe"}
-    if probe is not None and g.probe_every and final_step not in logged_probes:
-        run.log_metrics(run_probe(probe, model, final_step))
+    if probe is not None and final_step not in logged_probes:
+        run.log_metrics(probe_record(probe, model, final_step, METHOD))
     run.save_final(model, tokenizer, state={"step": final_step, "method": METHOD, **totals})
-    run.finish(steps=final_step, **totals)
+    if cfg.eval.before_after:
+        heldout_eval(cfg, model, tokenizer, generator, task, run, label="after", step=final_step, say=_say(cfg))
+    plot_training(run)
+    run.finish(steps=final_step, peak_rss_mb=peak_rss_mb(), **totals)
     return run
 
 
-def _restore_plain_model(model) -> None:
+def _say(cfg):
+    return (lambda *a: print(*a, flush=True)) if cfg.run.progress else (lambda *a: None)
+
+
+def _restore_plain_model(model, use_cache: bool | None) -> None:
     """Undo what TRL/Trainer changed on the model object: the fused-LM-head forward, gradient
-    checkpointing and train mode, so callers get an ordinary model back."""
+    checkpointing, ``config.use_cache`` and train mode, so callers (the next pipeline stage) get an
+    ordinary model back."""
     model.__dict__.pop("forward", None)
+    if use_cache is not None:
+        model.config.use_cache = use_cache
     if hasattr(model, "activation_checkpointing_disable"):
         if model.is_activation_checkpointing:
             model.activation_checkpointing_disable()
@@ -616,4 +617,4 @@ def add_cli(sub) -> None:
 
 
 __all__ = ["GRPOSection", "GRPOJob", "run_grpo", "trl_args", "training_rows", "make_reward_fn", "step_record",
-           "run_probe", "RolloutMeter", "LOSS_TYPES", "add_cli"]
+           "RolloutMeter", "LOSS_TYPES", "add_cli"]

@@ -14,15 +14,51 @@ a run directory and numbers from the CLI are measured identically. ES and GRPO s
 Design decisions: the held-out problems and the sampling seed are fixed for the whole run (derived
 from ``run.seed``), so every before/after/probe point is measured on the same problems with the same
 random stream, and differences come from the weights alone. No generation cache is used: weights
-change between calls.
+change between calls. Every measurement runs through ``isolated(model)``: eval mode, no gradients and
+forked random states (torch, CUDA, Python, NumPy), so measuring never changes a training trajectory
+(GRPO draws from the global generators; ES does not, but goes through the same code). Both trainers
+log probes with ``probe_record``, so ES and GRPO probe records have the same fields.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+import contextlib
+import time
+from typing import Callable, Iterator
 
 from evolm.backends.base import SamplingParams
 from evolm.es.noise import derive_seed
+
+
+@contextlib.contextmanager
+def isolated(model) -> Iterator[None]:
+    """Eval mode, no gradients, forked random state; the model's train/eval mode is restored after."""
+    import random
+
+    import numpy as np
+    import torch
+
+    was_training = model.training
+    py_state, np_state = random.getstate(), np.random.get_state()
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() and next(model.parameters()).is_cuda else []
+    with torch.random.fork_rng(devices=devices):
+        model.eval()
+        try:
+            with torch.no_grad():
+                yield
+        finally:
+            model.train(was_training)
+            random.setstate(py_state)
+            np.random.set_state(np_state)
+
+
+def probe_record(probe: Callable, model, step: int, method: str) -> dict:
+    """The metrics record of one probe: ``{"step", "method", "kind": "probe", **probe(model, step),
+    "probe_seconds"}``, measured under ``isolated(model)``."""
+    t0 = time.perf_counter()
+    with isolated(model):
+        result = dict(probe(model, step))
+    return {"step": step, "method": method, "kind": "probe", **result, "probe_seconds": time.perf_counter() - t0}
 
 
 def _task_for(name: str, params: dict, train_task, reward: str):
@@ -50,8 +86,9 @@ def heldout_eval(cfg, model, tokenizer, generator, train_task, run, label: str, 
     task = _task_for(ev.task, ev.params, train_task, cfg.task.reward)
     max_new = ev.max_new_tokens or cfg.generation.max_new_tokens
     say(f"[evolm] held-out evaluation ({label}): {task.name}, {ev.count} problems, greedy + {ev.n_samples} samples at T={ev.temperature}")
-    report = _measure(generator, task, tokenizer, cfg.run.seed, ev.count, ev.n_samples, ev.k, ev.temperature, ev.top_p,
-                      max_new, greedy=True, progress=cfg.run.progress)
+    with isolated(model):
+        report = _measure(generator, task, tokenizer, cfg.run.seed, ev.count, ev.n_samples, ev.k, ev.temperature,
+                          ev.top_p, max_new, greedy=True, progress=cfg.run.progress)
     report.update(label=label, step=step)
     run.write_json(f"eval_{label}.json", report)
     summary = report["summary"]

@@ -200,6 +200,7 @@ def run_es(cfg, resume: RunDir | None = None, *, model=None, tokenizer=None, tas
 
     start = 0
     seconds_total = 0.0
+    totals = {"gen_sequences_total": 0, "gen_tokens_total": 0}
     if resume is not None:
         run = resume
         found = run.latest_checkpoint()
@@ -207,6 +208,7 @@ def run_es(cfg, resume: RunDir | None = None, *, model=None, tokenizer=None, tas
             ckpt, state = found
             load_weights(model, ckpt)
             start, seconds_total = int(state["step"]), float(state.get("seconds_total", 0.0))
+            totals = {k: int(state.get(k, 0)) for k in totals}
             say(f"[evolm] resuming {run.path} from update {start}")
         run.truncate_after(start)
         run.update_info(status="running")
@@ -228,14 +230,15 @@ def run_es(cfg, resume: RunDir | None = None, *, model=None, tokenizer=None, tas
     say(f"[evolm] ES on {cfg.model.spec}: {len(params.names)} tensors, {params.numel:,} parameters, "
         f"N={es.population} ({es.estimator}), sigma={es.sigma}, lr={es.lr}, noise={es.noise}; run dir {run.path}")
 
-    from evolm.heldout import heldout_eval, make_probe
+    from evolm.heldout import heldout_eval, make_probe, probe_record
 
     if probe is None:
         probe = make_probe(cfg, tokenizer, generator, task)
-    if cfg.eval.before_after and start == 0 and not (run.path / "eval_before.json").exists():
+    logged = {(r.get("kind"), r.get("step")) for r in run.metrics()}  # a resume without checkpoint keeps step 0
+    if cfg.eval.before_after and start == 0 and ("eval", 0) not in logged:
         heldout_eval(cfg, model, tokenizer, generator, task, run, label="before", step=0, say=say)
-    if probe is not None and start == 0 and not any(r.get("kind") == "probe" for r in run.metrics()):
-        run.log_metrics({"step": 0, "method": "es", "kind": "probe", **probe(model, 0)})
+    if probe is not None and start == 0 and ("probe", 0) not in logged:
+        run.log_metrics(probe_record(probe, model, 0, "es"))
 
     sampling_base = dict(n=1, temperature=cfg.generation.temperature, top_p=cfg.generation.top_p,
                          max_new_tokens=cfg.generation.max_new_tokens)
@@ -269,6 +272,9 @@ def run_es(cfg, resume: RunDir | None = None, *, model=None, tokenizer=None, tas
             "seconds_restore": scores.seconds["restore"], "seconds_update": seconds_update,
             "gen_sequences": scores.gen_sequences, "gen_tokens": scores.gen_tokens,
         }
+        totals["gen_sequences_total"] += scores.gen_sequences
+        totals["gen_tokens_total"] += scores.gen_tokens
+        record.update(totals)
         if update.message:
             record["message"] = update.message
             if not quiet:
@@ -287,25 +293,26 @@ def run_es(cfg, resume: RunDir | None = None, *, model=None, tokenizer=None, tas
         run.log_metrics(record)
         bar.set_postfix(update=step, reward=f"{record['reward_mean']:.3f}" if finite.size else "nan")
         if probe is not None and probe_every and step % probe_every == 0 and step < es.iterations:
-            run.log_metrics({"step": step, "method": "es", "kind": "probe", **probe(model, step)})
+            run.log_metrics(probe_record(probe, model, step, "es"))
         if cfg.run.checkpoint_every and step % cfg.run.checkpoint_every == 0 and step < es.iterations:
             ckpt = run.save_checkpoint(_float32_model(model, params) if params.masters is not None else model, step,
-                                       {"method": "es", "seconds_total": seconds_total}, keep=cfg.run.keep_checkpoints)
+                                       {"method": "es", "seconds_total": seconds_total, **totals},
+                                       keep=cfg.run.keep_checkpoints)
             _save_masters(params, ckpt)
         for cb in callbacks:
             cb(step, record)
     bar.close()
 
     final_model = _float32_model(model, params)
-    run.save_final(final_model, tokenizer, {"step": es.iterations, "method": "es", "seconds_total": seconds_total})
+    run.save_final(final_model, tokenizer, {"step": es.iterations, "method": "es", "seconds_total": seconds_total, **totals})
     if probe is not None:
-        run.log_metrics({"step": es.iterations, "method": "es", "kind": "probe", **probe(model, es.iterations)})
+        run.log_metrics(probe_record(probe, model, es.iterations, "es"))
     if cfg.eval.before_after:
         heldout_eval(cfg, model, tokenizer, generator, task, run, label="after", step=es.iterations, say=say)
     from evolm.plots import plot_training
 
     plot_training(run)
-    run.finish(seconds_total=seconds_total, peak_rss_mb=peak_rss_mb())
+    run.finish(steps=es.iterations, seconds_total=seconds_total, peak_rss_mb=peak_rss_mb(), **totals)
     say(f"[evolm] done: {run.path} (final weights in {run.path / 'final'})")
     return run
 
