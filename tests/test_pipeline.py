@@ -22,7 +22,7 @@ pytest.importorskip("trl")
 
 from conftest import make_tiny_model, make_vowel_task  # noqa: E402
 
-from evolm.pipeline import (PipelineJob, Stage, combined_records, largest_remainder, plan_stages,  # noqa: E402
+from evolm.pipeline import (PipelineJob, combined_records, largest_remainder, plan_stages,  # noqa: E402
                             run_pipeline, stage_config, sweep_points)
 from evolm.tasks import register  # noqa: E402
 

@@ -56,8 +56,8 @@ def inputs(tmp_path_factory, tokenizer):
         gcfg = config.from_dict(GRPOJob, {
             "run": {"out_dir": str(root), "name": "grpo", "checkpoint_every": 0, "progress": False},
             "model": {"spec": str(root / "base")}, "task": {"name": TASK.name},
-            "grpo": {"steps": 2, "num_generations": 4, "prompts_per_step": 1, "max_completion_length": 4, "lr": 1e-3,
-                     "probe_every": 0}})
+            "grpo": {"steps": 2, "num_generations": 4, "prompts_per_step": 1, "max_completion_length": 4, "lr": 1e-3},
+            "eval": {"before_after": False}})
         paths["grpo"] = run_grpo(gcfg, model=make_tiny_model(tokenizer), tokenizer=tokenizer, task=TASK).path
     except ImportError:  # TRL is an optional extra
         pass
