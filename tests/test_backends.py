@@ -1,0 +1,36 @@
+"""The Hugging Face backend: shared-prefix caching gives the same completions as plain left padding."""
+
+from __future__ import annotations
+
+from evolm.backends.base import SamplingParams
+from evolm.backends.hf import HFGenerator
+
+PREFIX = ("You are a careful calculator. Here is how to answer: read the question, add the numbers, "
+          "and reply with the sum only.\n")
+PROMPTS = [PREFIX + q for q in ("What is 1 + 2?", "What is 40 + 41 plus 17 minus 3?", "Sum 7 and 8.", "9 + 9 =")]
+
+
+def _texts(out):
+    return [[c.text for c in row] for row in out]
+
+
+def test_prefix_cache_is_used_and_changes_nothing(tiny_model, tokenizer):
+    plain = HFGenerator(tiny_model, tokenizer, batch_size=8, prefix_cache=False)
+    cached = HFGenerator(tiny_model, tokenizer, batch_size=8, prefix_cache=True)
+    enc = cached._encode(PROMPTS)
+    assert "past_key_values" in enc  # the shared prefix is long enough to be cached
+    lengths = {len(tokenizer(p, add_special_tokens=False)["input_ids"]) for p in PROMPTS}
+    assert len(lengths) > 1  # suffixes of different lengths: padding sits between prefix and suffix
+    for params in (SamplingParams(n=1, max_new_tokens=8, return_entropy=True),
+                   SamplingParams(n=2, temperature=1.0, max_new_tokens=8, seed=4, return_entropy=True)):
+        a, b = plain.generate(PROMPTS, params), cached.generate(PROMPTS, params)
+        assert _texts(a) == _texts(b)
+        for ra, rb in zip(a, b):
+            for ca, cb in zip(ra, rb):
+                assert ca.num_tokens == cb.num_tokens and abs(ca.entropy - cb.entropy) < 1e-4
+
+
+def test_short_or_missing_common_prefix_uses_plain_padding(tiny_model, tokenizer):
+    gen = HFGenerator(tiny_model, tokenizer, batch_size=8)
+    assert "past_key_values" not in gen._encode(["Hello there", "Completely different"])
+    assert "past_key_values" not in gen._encode([PROMPTS[0]])  # a single prompt has nothing to share
