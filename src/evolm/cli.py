@@ -89,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="ES on the embedded SmolLM2-135M-Instruct on 2-digit arithmetic (about ten minutes "
                                    "on 2 CPU cores): held-out greedy accuracy and pass@k before and after, and the run directory.")
     p.add_argument("--set", "-s", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a field of the demo config (configs/demo.toml), e.g. --set es.iterations=5")
+                   help="override a field of the packaged demo config (evolm/configs/demo.toml), e.g. --set es.iterations=5")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted demo run")
     p.set_defaults(func=_cmd_demo)
 

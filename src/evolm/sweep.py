@@ -1,6 +1,6 @@
 """``evolm sweep``: a grid of ES, GRPO or pipeline runs from one base config, resumable, with a summary.
 
-    evolm sweep --config configs/demo.toml --grid es.population=8,16,32 --grid es.sigma=0.0005,0.001
+    evolm sweep --config configs/es-arithmetic.toml --grid es.population=8,16,32 --grid es.sigma=0.0005,0.001
 
 Design decisions:
 
@@ -462,9 +462,9 @@ def add_cli(subparsers) -> None:
                     "Writes sweep.json (manifest), sweep_summary.json and sweep.md; `evolm report SWEEP_DIR` plots "
                     "it, including population-scaling, sigma, estimator and shaping ablations.",
         epilog="examples:\n"
-               "  evolm sweep -c configs/demo.toml --grid es.population=8,16,32 --set es.iterations=50\n"
-               "  evolm sweep -c configs/demo.toml --grid es.sigma=0.0001,0.001,0.01 --out runs/sigma\n"
-               "  evolm sweep -c configs/demo.toml --grid es.estimator=one_point,antithetic --grid es.shaping=zscore,none",
+               "  evolm sweep -c configs/es-arithmetic.toml --grid es.population=8,16,32 --set es.iterations=50\n"
+               "  evolm sweep -c configs/es-arithmetic.toml --grid es.sigma=0.0001,0.001,0.01 --out runs/sigma\n"
+               "  evolm sweep -c configs/es-arithmetic.toml --grid es.estimator=one_point,antithetic --grid es.shaping=zscore,none",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", "-c", metavar="FILE", help="base TOML config of every point (default: the job's defaults)")
     p.add_argument("--grid", "-g", action="append", default=[], metavar="KEY=V1,V2,...",
