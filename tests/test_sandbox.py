@@ -154,6 +154,22 @@ def test_isolation_levels():
         assert got.network_namespace and got.read_only_root and got.pid_namespace and got.unprivileged
 
 
+def test_interpreter_under_tmp_is_rebound_over_the_sandbox_tmpfs(monkeypatch):
+    # A clean clone (and its .venv) in /tmp is hidden by the sandbox's own tmpfs /tmp unless re-bound.
+    with tempfile.TemporaryDirectory(dir="/tmp") as d:
+        venv = os.path.join(d, "checkout", ".venv")
+        os.makedirs(os.path.join(venv, "bin"))
+        monkeypatch.setattr(sandbox, "_interpreter_paths", lambda: [venv, os.path.join(venv, "bin"), "/usr"])
+        argv = sandbox._bwrap_argv(d) if shutil.which("bwrap") else sandbox._under_tmp_binds()
+        real = str(Path(venv).resolve())
+        shown = "/tmp/" + str(Path(real).relative_to(os.path.realpath("/tmp")))
+        assert ["--ro-bind", real, shown] == argv[argv.index(real) - 1:argv.index(real) + 2]
+        assert argv.count("--ro-bind") - (1 if shutil.which("bwrap") else 0) >= 1
+        assert "/usr" not in sandbox._under_tmp_binds() and real + "/bin" not in sandbox._under_tmp_binds()
+        if shutil.which("bwrap"):
+            assert argv.index("/tmp") < argv.index(real)  # after the tmpfs, or the tmpfs would hide it
+
+
 @pytest.mark.parametrize(
     "report, raw_rc, stopped_for, status",
     [

@@ -13,7 +13,8 @@ Design decisions:
 
   ``bwrap``: bubblewrap with a read-only root, fresh tmpfs ``/tmp`` (size-capped) holding the working
   directory, new network, pid, ipc and uts namespaces, ``--die-with-parent``, ``--new-session``.
-  Killing the namespace's init (its host pid comes from ``--info-fd``) makes the kernel kill and
+  The interpreter's directories that live under the host's ``/tmp`` (a checkout or venv there) are
+  re-bound read-only over the fresh tmpfs; the rest of the host ``/tmp`` stays hidden. Killing the namespace's init (its host pid comes from ``--info-fd``) makes the kernel kill and
   reap every process inside, including daemonised ones.
 
   ``unshare``: ``unshare --net`` (plus ``--map-root-user`` when not root): no network, but the host
@@ -669,6 +670,7 @@ def _bwrap_argv(hostdir: str, inside_dir: str = "/tmp/.evolm", workdir: str = "/
         raise FileNotFoundError("bwrap")
     argv = [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
             "--perms", "1777", "--size", str(tmpfs_bytes), "--tmpfs", "/tmp"]
+    argv += _under_tmp_binds()
     if os.geteuid() == 0:
         argv += _reachable_binds()
     argv += ["--ro-bind", hostdir, inside_dir, "--perms", "0777", "--dir", workdir, "--chdir", workdir,
@@ -721,6 +723,39 @@ def _blocked_ancestor(path: str) -> str | None:
         except OSError:
             return d
     return None
+
+
+def _under_tmp_binds() -> list[str]:
+    """bwrap arguments that re-bind, read-only, interpreter files that live under ``/tmp``.
+
+    The sandbox's fresh tmpfs ``/tmp`` hides the host's ``/tmp``; a virtual environment or checkout
+    there (e.g. a clean clone in ``/tmp``) would vanish with it and the child could not start. Only
+    those directories come back, read-only, at the same paths; the rest of the host ``/tmp`` stays
+    hidden.
+    """
+    tmp = os.path.realpath("/tmp")
+    wanted = {str(Path(p).resolve()) for p in _interpreter_paths()}
+    wanted |= {os.path.dirname(os.path.abspath(sys.executable)), os.path.abspath(sys.prefix)}
+    args: list[str] = []
+    made: set[str] = set()
+    bound: list[str] = []
+    for real in sorted(wanted):
+        for root in {tmp, "/tmp"}:
+            if real.startswith(root + "/") and os.path.isdir(real):
+                break
+        else:
+            continue
+        if any(real == b or real.startswith(b + "/") for b in bound):
+            continue
+        rel = Path(real).relative_to(root).parts
+        for i in range(1, len(rel)):
+            d = os.path.join("/tmp", *rel[:i])
+            if d not in made:
+                args += ["--perms", "0755", "--dir", d]
+                made.add(d)
+        args += ["--ro-bind", real, os.path.join("/tmp", *rel)]
+        bound.append(real)
+    return args
 
 
 def _reachable_binds() -> list[str]:
