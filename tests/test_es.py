@@ -213,6 +213,23 @@ def test_es_raises_reward_of_a_tiny_model(tmp_path, tokenizer, vowel_task):
         assert key in rec
 
 
+def test_sparsity_scale_from_a_real_seed_log_matches_the_weight_change(tmp_path, tokenizer, vowel_task):
+    # The seed log the engine writes (header record first) gives the sparsity analysis its τ scale:
+    # the per-coordinate RMS of one update, which must match the change ES actually made.
+    from conftest import make_tiny_model
+
+    from evolm.analysis.sparsity import single_update_rms
+    from evolm.runs import read_jsonl
+
+    model = make_tiny_model(tokenizer)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    run, model = _run(_tiny_cfg(tmp_path, iterations=1), tokenizer, vowel_task, model=model)
+    records = read_jsonl(run.path / "seed_log.jsonl")
+    assert records[0].get("kind") == "header" and records[1]["status"] == "applied"
+    delta = torch.cat([(p.detach() - before[n]).flatten() for n, p in model.named_parameters()])
+    assert float(delta.pow(2).mean().sqrt()) == pytest.approx(single_update_rms(records), rel=0.05)
+
+
 def test_resume_after_a_kill_is_bit_identical_and_replay_matches(tmp_path, tokenizer, vowel_task):
     from evolm.es.engine import replay, run_es
     from evolm.runs import RunDir

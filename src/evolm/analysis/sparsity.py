@@ -40,9 +40,15 @@ Evaluate = Callable[[dict], dict]
 
 
 def single_update_rms(seed_log_records: list[dict]) -> float:
-    """Median over updates of ``scale · sqrt(Σ c_i²)``, the per-coordinate RMS of one ES update."""
+    """Median over updates of ``scale · sqrt(Σ c_i²)``, the per-coordinate RMS of one ES update.
+
+    The run's header record (``kind = "header"``: noise, estimator, parameter layout) and updates that
+    were not applied (``status`` ``"zero"`` or ``"skipped"``: no fitness signal) are not updates and are
+    left out."""
     values = []
     for r in seed_log_records:
+        if r.get("kind") == "header" or r.get("status", "applied") != "applied":
+            continue
         if "scale" not in r or "coefficients" not in r:
             raise UserError("seed log records need 'scale' and 'coefficients'; pass --tau-scale to set the threshold scale directly")
         values.append(abs(float(r["scale"])) * math.sqrt(sum(float(c) ** 2 for c in r["coefficients"])))
