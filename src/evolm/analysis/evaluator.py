@@ -14,17 +14,17 @@ Metrics:
 
 Design decisions:
 
-- A thin adapter on ``HFGenerator`` and ``Task`` so it works before the shared evaluation module
-  (``evolm.evaluate.evaluate_task``) lands; ``pass_at_k`` is a private copy in
-  ``analysis.diversity`` until ``evolm.metrics.pass_at_k`` exists. Swap both then.
+- A thin adapter on ``HFGenerator`` and ``Task`` rather than ``evolm.evaluate``: a variant is a state
+  dict loaded into one resident model, not a model spec, and only a number per metric is needed (no
+  per-problem records, no generation cache). pass@k is ``evolm.metrics.pass_at_k_problem``.
 - The examples are drawn once (``task.examples(split, limit, seed)``), so every variant sees the same
   prompts.
 """
 
 from __future__ import annotations
 
-from evolm.analysis.diversity import pass_at_k
 from evolm.analysis.weights import load_into_model
+from evolm.metrics import pass_at_k_problem as pass_at_k
 
 
 class TaskEvaluator:
