@@ -204,3 +204,17 @@ def test_report_sigma_estimator_shaping_eval_and_measurements(tmp_path, tokenize
     assert "no_signal" in md and "below_start, collapsed" in md and "Best unflagged σ: 0.001" in md
     assert "equal budget here: yes" in md
     assert "## Analysis: diversity" in md and "## Analysis: update variance" in md
+
+
+def test_sparsity_table_shows_the_curve_anchors():
+    from evolm.report import _analysis_rows
+
+    result = {"metric": "greedy_pass@1", "tau_scale": 1e-4, "tau_scale_source": "seed log",
+              "models": {"es": {"taus": [1e-4, 2e-4], "fraction_below": [0.2, 0.6],
+                                "points": [{"tau": 1e-4, "kept_fraction": 0.8, "metrics": {"greedy_pass@1": 0.5}},
+                                           {"tau": 2e-4, "kept_fraction": 0.4, "metrics": {"greedy_pass@1": 0.25}}],
+                                "reference": {"base": {"greedy_pass@1": 0.125}, "trained": {"greedy_pass@1": 0.5}}}}}
+    table = _analysis_rows("sparsity", result)
+    assert [r[0] for r in table.rows] == ["es: base θ0", "es: trained θ0 + Δ", "es", "es"]
+    assert [r[-1] for r in table.rows] == [0.125, 0.5, 0.5, 0.25]
+    assert [r[3] for r in table.rows] == [0.0, 1.0, 0.8, 0.4]

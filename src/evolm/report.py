@@ -485,6 +485,11 @@ def _analysis_rows(kind: str, result: dict) -> Table:
         rows = []
         for label, m in result["models"].items():
             points = {p["tau"]: p for p in m.get("points") or []}
+            ref = m.get("reference") or {}
+            if ref.get("base"):  # the curve's anchors: θ0 (nothing kept) and θ0 + Δ (everything kept)
+                rows.append([f"{label}: base θ0", None, None, 0.0, ref["base"].get(metric)])
+            if ref.get("trained"):
+                rows.append([f"{label}: trained θ0 + Δ", 0.0, 0.0, 1.0, ref["trained"].get(metric)])
             for tau, frac in zip(m["taus"], m["fraction_below"]):
                 p = points.get(tau, {})
                 rows.append([label, tau, frac, p.get("kept_fraction"), (p.get("metrics") or {}).get(metric)])
