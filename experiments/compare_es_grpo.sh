@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # ES vs GRPO on SmolLM2-135M-Instruct, 2-digit addition, one 20-update budget each, then the analyses
-# and one report. About an hour on 2 CPU cores (the two trainings run side by side, one thread each).
+# and one report. About half an hour on 2 CPU cores (the two trainings run side by side, one thread each).
 #   bash experiments/compare_es_grpo.sh            # writes runs/compare/ and runs/compare/report/
 # Every step is resumable: re-running skips finished runs (and `evolm es/grpo --resume` continues).
 set -euo pipefail
