@@ -1,12 +1,13 @@
 """``evolm demo``: a short ES run on the embedded default model with before/after pass@k.
 
 It runs ``evolm es`` with the packaged ``configs/demo.toml`` (SmolLM2-135M-Instruct, 2-digit addition
-with a one-shot prompt, N=8, sigma=1e-3, lr=5e-4, 8 updates of 16 prompts each; about ten minutes on
-one core of a 2-core CPU), then prints held-out greedy accuracy and pass@k (unbiased estimator,
-k <= 8) before and after, and where the run directory is.
+with a one-shot prompt, N=8, sigma=1e-3, lr=5e-4, 12 updates of 32 prompts each; 8.5 minutes on one
+thread of an otherwise idle 2-core CPU, about twice that when another job shares the cores), then
+prints held-out greedy accuracy and pass@k (unbiased estimator, k <= 8) before and after, and where
+the run directory is.
 
 What to expect: the demo shows the machinery end to end (perturb, score, restore bit-exactly, update,
-evaluate, checkpoint), not a large gain. Eight updates move the 135M model little; on 32 held-out
+evaluate, checkpoint), not a large gain. Twelve updates move the 135M model little; on 32 held-out
 problems one problem is 0.031 of greedy accuracy, and the changes measured on this machine were
 within a couple of problems either way (docs/results.md). Longer runs: ``configs/es-arithmetic.toml``.
 """
