@@ -1,4 +1,4 @@
-# evolm: two commands do all the set-up on a fresh machine (Python 3.10+, no GPU needed):
+# evolm: two commands do all the set-up on a fresh machine (Python 3.11+, no GPU needed):
 #   make demo   short ES run on the embedded SmolLM2-135M with before/after pass@k
 #   make test   the test suite (what CI runs)
 # Both create ./.venv on first use. Torch is pinned to a CPU-capable 2.13.0 (on this project's
