@@ -55,8 +55,21 @@ def _snapshot(model):
     return {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
+@pytest.fixture(params=["fused", "torch"])
+def restore_path(request, monkeypatch):
+    """Run a test with the compiled one-pass kernel (evolm.es.fused) and with the torch ops."""
+    from evolm.es import fused
+
+    if request.param == "fused":
+        if fused.kernel() is None:
+            pytest.skip("no C++ toolchain for the fused kernel")
+    else:
+        monkeypatch.setattr(fused, "kernel", lambda: None)
+    return request.param
+
+
 @pytest.mark.parametrize("kind", ["table", "stream"])
-def test_many_perturb_restore_cycles_are_bit_exact(tiny_model, kind):
+def test_many_perturb_restore_cycles_are_bit_exact(tiny_model, kind, restore_path):
     before = _snapshot(tiny_model)
     noise = TableNoise(3, size=1 << 22) if kind == "table" else StreamNoise(3)
     params = ParamSet(tiny_model, noise)
@@ -69,6 +82,63 @@ def test_many_perturb_restore_cycles_are_bit_exact(tiny_model, kind):
     assert changed > 0
     for n, p in tiny_model.named_parameters():
         assert torch.equal(p, before[n]), n
+
+
+def test_fused_kernel_perturbs_like_the_torch_path_and_restores_exactly():
+    from evolm.es import fused
+
+    kern = fused.kernel()
+    if kern is None:
+        pytest.skip("no C++ toolchain for the fused kernel")
+    g = torch.Generator().manual_seed(0)
+    theta = torch.randn(300_000, generator=g) * 0.05
+    theta[:1000] = 0.0  # zeros and sign changes are the awkward cases
+    eps = torch.randn(300_000, generator=g)
+    for factor in (1e-3, -3e-2, 1e-5):
+        live = theta.clone()
+        where, values = kern.perturb(live, eps, factor)
+        # the perturbed weights are theta + factor * eps up to the last bit (torch may fuse the multiply-add)
+        assert torch.allclose(live, theta + factor * eps, rtol=1e-6, atol=1e-12)
+        assert 0 < where.numel() < theta.numel() // 2 and torch.equal(values, theta[where])
+        kern.restore(live, eps, factor)
+        live[where] = values
+        assert torch.equal(live.view(torch.int32), theta.view(torch.int32))
+
+
+def test_fused_kernel_build_is_optional_and_clears_a_stale_lock(tmp_path, monkeypatch):
+    import os
+    import time
+
+    import torch.utils.cpp_extension as cpp
+
+    from evolm.es import fused
+
+    seen = {}
+
+    def fake_load_inline(name, build_directory, **kw):
+        seen["lock_left"] = os.path.exists(os.path.join(build_directory, "lock"))
+        seen["dir"] = build_directory
+        return "module"
+
+    monkeypatch.setenv("EVOLM_CACHE", str(tmp_path))
+    monkeypatch.setattr(cpp, "load_inline", fake_load_inline)
+    lock = tmp_path / "torch_extensions" / fused.NAME / "lock"
+    lock.parent.mkdir(parents=True)
+    lock.write_text("")
+    old = time.time() - fused.STALE_LOCK_S - 10
+    os.utime(lock, (old, old))
+    fused.kernel.cache_clear()
+    try:
+        assert fused.kernel() == "module" and seen == {"lock_left": False, "dir": str(lock.parent)}
+        fused.kernel.cache_clear()
+        monkeypatch.setenv("EVOLM_FUSED", "0")
+        assert fused.kernel() is None
+        fused.kernel.cache_clear()
+        monkeypatch.setenv("EVOLM_FUSED", "1")
+        monkeypatch.setattr(cpp, "load_inline", lambda **kw: (_ for _ in ()).throw(RuntimeError("no compiler")))
+        assert fused.kernel() is None  # the torch path takes over
+    finally:
+        fused.kernel.cache_clear()
 
 
 def test_restore_is_exact_for_bfloat16_models_via_float32_masters(tokenizer):

@@ -15,7 +15,9 @@ Design decisions:
   and records the original values of the elements that would not come back; restore writes them
   back. Restore is therefore bit-exact (tested over many cycles) at the cost of the sparse corrections
   (~10 MB for 134M parameters at sigma 1e-3), not of a second copy of the model. Arithmetic runs in
-  chunks of 2^20 elements so temporaries stay small.
+  chunks of 2^20 elements so temporaries stay small. On CPU, ``evolm.es.fused`` does the same in one
+  compiled loop when a C++ compiler is available (``EVOLM_FUSED=0`` turns it off); a perturb and its
+  restore always take the same path.
 - Other dtypes (bfloat16/float16 generation, or any model whose weights are not float32): float32
   master copies of the selected tensors are kept; perturbation writes ``cast(master + d)`` into the
   model and restore writes ``cast(master)``; updates go to the masters. Exact by construction.
@@ -31,6 +33,7 @@ import re
 import torch
 
 from evolm.analysis.categories import param_category
+from evolm.es import fused
 from evolm.es.noise import NoiseSource
 
 CHUNK = 1 << 20
@@ -107,11 +110,19 @@ class ParamSet:
             raise RuntimeError("perturb() called twice without restore()")
         factor = float(sign) * float(sigma)
         self._corrections = []
+        used_kernel = []
         for k, live in enumerate(self.tensors):
             eps = self._eps(k, iteration, direction)
             flat = live.view(-1)
             if self.masters is not None:
                 live.copy_((self.masters[k].view(-1) + eps * factor).view_as(live))
+                continue
+            kern = fused.kernel() if fused.usable(live, eps) else None
+            used_kernel.append(kern is not None)
+            if kern is not None:  # one pass: add, predict restore, record, write (evolm.es.fused)
+                where, values = kern.perturb(flat, eps, factor)
+                if where.numel():
+                    self._corrections.append((k, where, values))
                 continue
             new, back = self._buffers(live.device)
             for a in range(0, flat.numel(), CHUNK):
@@ -124,6 +135,7 @@ class ParamSet:
                     self._corrections.append((k, where + a, theta[where].clone()))
                 theta.copy_(new[:m])
         self._perturbed = (iteration, direction, sign, sigma)
+        self._used_kernel = used_kernel
 
     @torch.no_grad()
     def restore(self) -> None:
@@ -138,6 +150,9 @@ class ParamSet:
                 continue
             eps = self._eps(k, iteration, direction)
             flat = live.view(-1)
+            if self._used_kernel[k]:  # the same arithmetic the perturb predicted
+                fused.kernel().restore(flat, eps, factor)
+                continue
             for a in range(0, flat.numel(), CHUNK):
                 flat[a:a + CHUNK].add_(eps[a:a + CHUNK], alpha=-factor)
         for k, where, values in self._corrections:
