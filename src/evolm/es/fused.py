@@ -4,8 +4,8 @@ The exact-restore scheme of ``evolm.es.params`` computes, per element, the pertu
 ``n = theta + d`` (``d = a * eps``), the value restore will compute, ``n - d``, compares its bit
 pattern with ``theta`` and records the originals that would not come back. With torch ops that is
 five passes over memory plus a ``nonzero`` scan (~0.5 s per member for 134M parameters on one CPU
-thread); this kernel does it in one loop (~0.1 s), which is what keeps ES's iteration time within
-~10% of pure generation on an idle CPU (docs/benchmarks.md).
+thread); this kernel does it in one loop (~0.2 s), which brings ES's iteration time from ~1.2x to
+1.05-1.11x of pure generation on an idle CPU (docs/benchmarks.md).
 
 Design decisions:
 
