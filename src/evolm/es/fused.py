@@ -119,11 +119,26 @@ def kernel():
             lock.unlink(missing_ok=True)
         if not any(build.glob("*.so")):
             print(f"[evolm] building the fused ES kernel once (~30 s) in {build}", file=sys.stderr, flush=True)
+        _ninja_on_path()
         logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
         return load_inline(name=NAME, cpp_sources=[_SOURCE], functions=["perturb", "restore"],
                            extra_cflags=["-O3", "-ffp-contract=off"], build_directory=str(build), verbose=False)
     except Exception:  # no compiler, no ninja, no headers: the torch path is exact too
         return None
+
+
+def _ninja_on_path() -> None:
+    """torch runs ``ninja`` from PATH; the pip package (a dependency) lives in the venv's bin, which
+    is not on PATH when ``.venv/bin/evolm`` is run directly."""
+    import shutil
+
+    if shutil.which("ninja"):
+        return
+    try:
+        import ninja
+    except ImportError:
+        return
+    os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
 
 
 def usable(tensor, eps) -> bool:
