@@ -14,8 +14,9 @@ Design decisions:
   ``bwrap``: bubblewrap with a read-only root, fresh tmpfs ``/tmp`` (size-capped) holding the working
   directory, new network, pid, ipc and uts namespaces, ``--die-with-parent``, ``--new-session``.
   The interpreter's directories that live under the host's ``/tmp`` (a checkout or venv there) are
-  re-bound read-only over the fresh tmpfs; the rest of the host ``/tmp`` stays hidden. Killing the namespace's init (its host pid comes from ``--info-fd``) makes the kernel kill and
-  reap every process inside, including daemonised ones.
+  re-bound read-only over the fresh tmpfs; the rest of the host ``/tmp`` stays hidden. Killing the
+  namespace's init (its host pid comes from ``--info-fd``) makes the kernel kill and reap every
+  process inside, including daemonised ones.
 
   ``unshare``: ``unshare --net`` (plus ``--map-root-user`` when not root): no network, but the host
   filesystem and pid space.
@@ -734,28 +735,32 @@ def _under_tmp_binds() -> list[str]:
     hidden.
     """
     tmp = os.path.realpath("/tmp")
-    wanted = {str(Path(p).resolve()) for p in _interpreter_paths()}
-    wanted |= {os.path.dirname(os.path.abspath(sys.executable)), os.path.abspath(sys.prefix)}
+    # resolved paths, plus the prefix as spelled (the child is started by that path)
+    wanted = {str(Path(p).resolve()) for p in _interpreter_paths()} | {os.path.abspath(sys.prefix)}
     args: list[str] = []
     made: set[str] = set()
     bound: list[str] = []
     for real in sorted(wanted):
-        for root in {tmp, "/tmp"}:
-            if real.startswith(root + "/") and os.path.isdir(real):
-                break
-        else:
+        root = next((r for r in (tmp, "/tmp") if real.startswith(r + "/")), None)
+        if root is None or not os.path.isdir(real) or any(real == b or real.startswith(b + "/") for b in bound):
             continue
-        if any(real == b or real.startswith(b + "/") for b in bound):
-            continue
-        rel = Path(real).relative_to(root).parts
-        for i in range(1, len(rel)):
-            d = os.path.join("/tmp", *rel[:i])
-            if d not in made:
-                args += ["--perms", "0755", "--dir", d]
-                made.add(d)
-        args += ["--ro-bind", real, os.path.join("/tmp", *rel)]
+        args += _dirs_and_bind(real, root, "/tmp", made)
         bound.append(real)
     return args
+
+
+def _dirs_and_bind(real: str, top: str, dest_top: str, made: set[str]) -> list[str]:
+    """bwrap arguments that create the directories between ``dest_top`` and the destination of ``real``
+    (the same path relative to ``top``; ``made`` remembers those already created) and bind ``real``
+    there read-only."""
+    rel = Path(real).relative_to(top).parts
+    args: list[str] = []
+    for i in range(1, len(rel)):
+        d = os.path.join(dest_top, *rel[:i])
+        if d not in made:
+            args += ["--perms", "0755", "--dir", d]
+            made.add(d)
+    return args + ["--ro-bind", real, os.path.join(dest_top, *rel)]
 
 
 def _reachable_binds() -> list[str]:
@@ -777,13 +782,7 @@ def _reachable_binds() -> list[str]:
         if not any(top == m or top.startswith(m + "/") for m in mounted):
             args += ["--perms", "0755", "--tmpfs", top]
             mounted.add(top)
-        rel = Path(real).relative_to(top).parts
-        for i in range(1, len(rel)):
-            d = os.path.join(top, *rel[:i])
-            if d not in made:
-                args += ["--perms", "0755", "--dir", d]
-                made.add(d)
-        args += ["--ro-bind", real, real]
+        args += _dirs_and_bind(real, top, top, made)
         bound.append(real)
     return args
 

@@ -26,6 +26,8 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 
+import torch
+
 _SOURCE = r"""
 #include <torch/extension.h>
 #include <algorithm>
@@ -142,7 +144,6 @@ def _ninja_on_path() -> None:
 
 
 def usable(tensor, eps) -> bool:
-    import torch
-
+    """Whether the kernel can take this tensor and its noise (contiguous float32 on the CPU)."""
     return (tensor.device.type == "cpu" and tensor.dtype == torch.float32 and eps.dtype == torch.float32
             and tensor.is_contiguous() and eps.is_contiguous() and eps.device.type == "cpu")
