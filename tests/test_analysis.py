@@ -12,7 +12,7 @@ import torch
 
 from conftest import make_tiny_model
 from evolm.analysis import compression, diversity, sparsity
-from evolm.analysis.categories import CATEGORIES, layer_index, param_category, param_subcategory
+from evolm.categories import CATEGORIES, layer_index, param_category, param_subcategory
 from evolm.analysis.drift import drift
 from evolm.analysis.localisation import top_k_localisation
 from evolm.analysis.weights import check_compatible, deduplicate_tied, load_into_model, load_state_info
@@ -61,7 +61,7 @@ def test_layer_index():
 
 
 def test_categories_module_is_stdlib_only():
-    code = ("import sys; import evolm.analysis.categories; "
+    code = ("import sys; import evolm.categories; "
             "bad = [m for m in ('torch', 'numpy', 'transformers') if m in sys.modules]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
 

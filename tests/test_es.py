@@ -11,7 +11,8 @@ import torch
 
 from evolm import config
 from evolm.es import shaping
-from evolm.es.noise import StreamNoise, TableNoise, derive_seed
+from evolm.es.noise import StreamNoise, TableNoise
+from evolm.seeding import derive_seed
 from evolm.es.params import ParamSet, select_parameters
 from evolm.es.update import compute_update, member_layout, step_scale
 
@@ -24,7 +25,7 @@ def test_derive_seed_is_deterministic_and_distinct():
     keys = {derive_seed(7, "noise", it, m, p) for it in range(4) for m in range(4) for p in range(4)}
     assert len(keys) == 64
     assert derive_seed(7, "noise", 0, 0, 1) != derive_seed(8, "noise", 0, 0, 1)
-    code = "from evolm.es.noise import derive_seed; print(derive_seed(7, 'noise', 3, 1, 2))"
+    code = "from evolm.seeding import derive_seed; print(derive_seed(7, 'noise', 3, 1, 2))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert int(out) == a  # same value in a fresh process
 

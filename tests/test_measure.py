@@ -66,7 +66,7 @@ def test_identical_members_give_zero_jsd_and_weights_stay_bit_exact(setup, token
 def test_member_bookkeeping_against_manual_perturbation(setup, tokenizer):
     """Member i of the runner is exactly theta + sigma * eps(key 0, direction i), generated with its own seed."""
     from evolm.backends.base import SamplingParams
-    from evolm.es.noise import derive_seed
+    from evolm.seeding import derive_seed
 
     model, params, gen = setup
     task = LowVowels()

@@ -145,7 +145,7 @@ class ESConfig:
     """Score the unperturbed centre on the iteration's prompts every this many updates (0: never)."""
 
     def validate(self, p: str) -> None:
-        from evolm.analysis.categories import CATEGORIES
+        from evolm.categories import CATEGORIES
 
         _require(self.iterations >= 1, f"{p}.iterations must be >= 1 (got {self.iterations})")
         _require(self.population >= 2, f"{p}.population must be >= 2 (got {self.population})")

@@ -44,6 +44,7 @@ from typing import Any, Iterable, Sequence
 
 from evolm.backends.base import Completion, Generator, SamplingParams
 from evolm.errors import UserError
+from evolm.seeding import ids_seed
 
 # -- results ---------------------------------------------------------------------------------------
 
@@ -215,11 +216,6 @@ def default_cache_dir() -> Path:
 # -- evaluation ------------------------------------------------------------------------------------
 
 
-def derive_seed(root: int, ids: Sequence[str]) -> int:
-    """The sampling seed of one generator call: a hash of the root seed and the problems in the call."""
-    return int(hashlib.sha256(f"{root}|{'|'.join(map(str, ids))}".encode()).hexdigest()[:8], 16)
-
-
 def _generate_all(generator: Generator, examples, prompts: list[str], sampling: SamplingParams, table: CacheTable | None,
                   per_call: int, bar) -> tuple[list[list[Completion]], int]:
     """Completions for every prompt, from the cache where possible; returns them and how many were generated."""
@@ -235,7 +231,7 @@ def _generate_all(generator: Generator, examples, prompts: list[str], sampling: 
     generated = 0
     for start in range(0, len(todo), per_call):
         chunk = todo[start:start + per_call]
-        params = sampling if sampling.greedy else replace(sampling, seed=derive_seed(sampling.seed, [examples[i].id for i in chunk]))
+        params = sampling if sampling.greedy else replace(sampling, seed=ids_seed(sampling.seed, [examples[i].id for i in chunk]))
         results = generator.generate([prompts[i] for i in chunk], params)
         for i, comps in zip(chunk, results):
             out[i] = comps

@@ -12,7 +12,7 @@ a run directory and numbers from the CLI are measured identically. ES and GRPO s
   ``kind="probe"`` records; ``plots/probe.png`` draws them.
 
 Design decisions: the held-out problems and the sampling seed are fixed for the whole run (derived
-from ``run.seed``), so every before/after/probe point is measured on the same problems with the same
+from ``run.seed``: the evaluation's key root is ``run.seed``, the probe's ``seed31(run.seed, "probe")``), so every before/after/probe point is measured on the same problems with the same
 random stream, and differences come from the weights alone. No generation cache is used: weights
 change between calls. Every measurement runs through ``isolated(model)``: eval mode, no gradients and
 forked random states (torch, CUDA, Python, NumPy), so measuring never changes a training trajectory
@@ -27,7 +27,7 @@ import time
 from typing import Callable, Iterator
 
 from evolm.backends.base import SamplingParams
-from evolm.es.noise import derive_seed
+from evolm.seeding import seed31
 
 
 @contextlib.contextmanager
@@ -73,9 +73,9 @@ def _measure(generator, task, tokenizer, seed: int, count: int, n: int, ks, temp
              max_new_tokens: int, greedy: bool, progress: bool) -> dict:
     from evolm.evaluate import evaluate_task
 
-    examples = task.examples("test", count, seed=derive_seed(seed, "heldout", task.name) % (2**31))
+    examples = task.examples("test", count, seed=seed31(seed, "heldout", task.name))
     sampling = SamplingParams(n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
-                              seed=derive_seed(seed, "heldout-sampling") % (2**31), return_entropy=True)
+                              seed=seed31(seed, "heldout-sampling"), return_entropy=True)
     result = evaluate_task(generator, task, tokenizer, examples, sampling, ks=ks, greedy=greedy, progress=progress)
     return result.to_dict(problems=True)
 
@@ -105,7 +105,7 @@ def make_probe(cfg, tokenizer, generator, train_task) -> Callable[[object, int],
     max_new = pr.max_new_tokens or cfg.generation.max_new_tokens
 
     def probe(model, step: int) -> dict:
-        report = _measure(generator, task, tokenizer, cfg.run.seed + 1, pr.count, pr.n_samples, pr.k, pr.temperature,
+        report = _measure(generator, task, tokenizer, seed31(cfg.run.seed, "probe"), pr.count, pr.n_samples, pr.k, pr.temperature,
                           pr.top_p, max_new, greedy=False, progress=False)
         s = report["summary"]
         out = {"task": task.name, "entropy": s.get("entropy"), "mean_tokens": s.get("mean_tokens"),

@@ -12,7 +12,7 @@ Design decisions:
 - A stage is an ordinary ES or GRPO run made by ``run_es`` / ``run_grpo`` in
   ``<run>/stages/NN-<method>/``, with a config derived from the pipeline's (``stage_config``): the
   stage's updates as ``es.iterations`` / ``grpo.steps`` and a seed derived from ``run.seed`` and the
-  stage index (``derive_seed``), so two ES stages never reuse noise keys and two GRPO stages never
+  stage index (``seeding.seed31``), so two ES stages never reuse noise keys and two GRPO stages never
   reuse training problems. Every stage directory can be evaluated and analysed like any run.
 - Hand-over is in memory: the model object the previous stage trained is the next stage's starting
   point, bit for bit (the stage's ``final/`` holds the same float32 tensors; the test suite checks
@@ -54,6 +54,7 @@ from evolm.config import (ESConfig, EvalConfig, GenerationConfig, ModelConfig, P
                           _require)
 from evolm.errors import ConfigError, UserError
 from evolm.grpo import GRPOSection
+from evolm.seeding import seed31
 
 METHODS = ("grpo", "es")
 """Methods a stage can run."""
@@ -231,9 +232,7 @@ def plan_stages(stages: Sequence[str], budget: int, interleave: bool = False, pr
 
 def stage_seed(root: int, index: int) -> int:
     """The ``run.seed`` of stage ``index`` (independent keys per stage: no reused ES noise, no reused GRPO problems)."""
-    from evolm.es.noise import derive_seed
-
-    return derive_seed(root, "pipeline-stage", index) % (2**31)
+    return seed31(root, "pipeline-stage", index)
 
 
 def stage_config(cfg: PipelineJob, stage: Stage, stages_dir: str | Path):

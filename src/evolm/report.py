@@ -471,7 +471,7 @@ def cost_section(src: Sources) -> Section | None:
 
 
 def _analysis_rows(kind: str, result: dict) -> Table:
-    from evolm.analysis.categories import CATEGORIES
+    from evolm.categories import CATEGORIES
 
     if kind == "drift":
         cats = [c for c in CATEGORIES if any(c in m["by_category"] for m in result["models"].values())]

@@ -263,7 +263,7 @@ def _cmd_sparsity(args) -> int:
 
 
 def _cmd_compression(args) -> int:
-    from evolm.analysis.categories import CATEGORIES
+    from evolm.categories import CATEGORIES
     from evolm.analysis.compression import compression_table, parse_method
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
@@ -439,7 +439,7 @@ def _cmd_update_variance(args) -> int:
     from evolm.backends.base import SamplingParams
     from evolm.es.engine import training_batch
     from evolm.es.measure import coordinate_subset, update_samples
-    from evolm.es.noise import derive_seed
+    from evolm.seeding import seed31
 
     estimators = [e.strip() for e in args.estimator.split(",") if e.strip()]
     bad = [e for e in estimators if e not in ("one_point", "antithetic")]
@@ -455,7 +455,7 @@ def _cmd_update_variance(args) -> int:
     count = args.count or es.prompts_per_iteration
     examples, _ = training_batch(task, tokenizer, cfg.run.seed, 0, count)
     sampling = SamplingParams(n=1, temperature=gen.temperature, top_p=gen.top_p, max_new_tokens=gen.max_new_tokens,
-                              seed=derive_seed(cfg.run.seed, "sampling", 0) % (2**31))
+                              seed=seed31(cfg.run.seed, "sampling", 0))
     subset = coordinate_subset(params, args.coords, cfg.run.seed)
     result = {"kind": "update_variance", "setup": {**_es_summary(cfg, spec, params, task), "lr": es.lr,
               "shaping": es.shaping, "divide_by_sigma": es.divide_by_sigma, "repeats": args.repeats,

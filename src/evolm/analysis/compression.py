@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 import re
 
-from evolm.analysis.categories import param_category
+from evolm.categories import param_category
 from evolm.analysis.sparsity import Evaluate
 from evolm.errors import UserError
 

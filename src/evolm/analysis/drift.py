@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 
-from evolm.analysis.categories import CATEGORIES, layer_index, param_category, param_subcategory
+from evolm.categories import CATEGORIES, layer_index, param_category, param_subcategory
 from evolm.analysis.weights import check_compatible
 
 

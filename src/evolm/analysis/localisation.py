@@ -18,7 +18,7 @@ Design decisions:
 
 from __future__ import annotations
 
-from evolm.analysis.categories import CATEGORIES, param_category, param_subcategory
+from evolm.categories import CATEGORIES, param_category, param_subcategory
 from evolm.analysis.weights import check_compatible
 
 

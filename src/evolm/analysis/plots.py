@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from evolm.analysis.categories import CATEGORIES
+from evolm.categories import CATEGORIES
 
 
 def _figure(width: float = 7.0, height: float = 4.0):

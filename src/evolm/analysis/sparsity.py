@@ -29,7 +29,7 @@ import math
 import statistics
 from typing import Callable
 
-from evolm.analysis.categories import CATEGORIES, param_category
+from evolm.categories import CATEGORIES, param_category
 from evolm.analysis.weights import check_compatible
 from evolm.errors import UserError
 

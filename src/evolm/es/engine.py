@@ -38,7 +38,8 @@ import torch
 
 from evolm import config as config_mod
 from evolm.backends.base import Generator, SamplingParams
-from evolm.es.noise import derive_seed, make_noise
+from evolm.es.noise import make_noise
+from evolm.seeding import derive_seed, seed31
 from evolm.es.params import ParamSet
 from evolm.es.update import Update, compute_update, member_layout
 from evolm.runs import RunDir
@@ -113,7 +114,7 @@ class LocalPopulation:
 
 def training_batch(task: Task, tokenizer, seed: int, iteration: int, count: int) -> tuple[list[Example], list[str]]:
     """The iteration's training examples and rendered prompts (same for every member)."""
-    examples = task.examples("train", count, seed=derive_seed(seed, "prompts", iteration) % (2**31))
+    examples = task.examples("train", count, seed=seed31(seed, "prompts", iteration))
     return examples, [task.render_prompt(ex, tokenizer) for ex in examples]
 
 
@@ -251,7 +252,7 @@ def run_es(cfg, resume: RunDir | None = None, *, model=None, tokenizer=None, tas
     for iteration in range(start, es.iterations):
         t_start = time.perf_counter()
         examples, prompts = training_batch(task, tokenizer, cfg.run.seed, iteration, es.prompts_per_iteration)
-        sampling = SamplingParams(seed=derive_seed(cfg.run.seed, "sampling", iteration) % (2**31), **sampling_base)
+        sampling = SamplingParams(seed=seed31(cfg.run.seed, "sampling", iteration), **sampling_base)
         scores = population.score(iteration, layout, es.sigma, examples, prompts, sampling, on_member=lambda: bar.update(1))
         t_update = time.perf_counter()
         update = compute_update(scores.fitness, estimator=es.estimator, shaping=es.shaping, lr=es.lr, sigma=es.sigma,

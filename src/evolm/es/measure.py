@@ -33,13 +33,9 @@ import numpy as np
 import torch
 
 from evolm.backends.base import SamplingParams
-from evolm.es.noise import derive_seed
+from evolm.seeding import derive_seed, seed31
 from evolm.es.params import ParamSet
 from evolm.es.update import compute_update, member_layout
-
-
-def _seed(*key) -> int:
-    return derive_seed(*key) % (2**31)
 
 
 def _correct(task, examples, completions) -> list[list[int]]:
@@ -73,10 +69,10 @@ def population_correctness(params: ParamSet, generator, task, tokenizer, example
     prompts = [task.render_prompt(ex, tokenizer) for ex in examples]
     model = getattr(generator, "model", None)
     before = _fingerprint(model) if model is not None else None
-    shared = _seed(seed, "diversity-sampling")
+    shared = seed31(seed, "diversity-sampling")
 
     def sampling(n: int, key) -> SamplingParams:
-        s = shared if common_random_numbers else _seed(seed, "diversity-sampling", *key)
+        s = shared if common_random_numbers else seed31(seed, "diversity-sampling", *key)
         return SamplingParams(n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=s)
 
     t0 = time.perf_counter()
@@ -165,7 +161,7 @@ def update_samples(params: ParamSet, generator, task, tokenizer, examples, *, es
     """
     from evolm.es.engine import LocalPopulation
 
-    sampling = sampling or SamplingParams(n=1, temperature=0.0, max_new_tokens=32, seed=_seed(seed, "update-variance-sampling"))
+    sampling = sampling or SamplingParams(n=1, temperature=0.0, max_new_tokens=32, seed=seed31(seed, "update-variance-sampling"))
     prompts = [task.render_prompt(ex, tokenizer) for ex in examples]
     layout = member_layout(estimator, population)
     subset = subset or coordinate_subset(params, coords, seed)

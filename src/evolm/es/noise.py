@@ -2,10 +2,9 @@
 
 Design decisions:
 
-- Every random choice in a run is derived from one root seed by key derivation with NumPy's
-  ``SeedSequence`` (``derive_seed(root, "noise", iteration, direction, param)``), a proper hash-based
-  mixer: never ``seed + small offset``, never one seed shared by every tensor (which gives identical
-  noise to same-shaped layers, as the ES reference code does).
+- Every random choice in a run is derived from one root seed by key derivation
+  (``evolm.seeding.derive_seed(root, "noise", iteration, direction, param)``): never ``seed + small
+  offset``, never one seed shared by every tensor.
 - Two noise sources behind one call, ``noise.direction(iteration, direction, param_index, numel)``,
   returning a 1-D float32 tensor of ``numel`` standard-normal values:
 
@@ -32,24 +31,10 @@ Design decisions:
 
 from __future__ import annotations
 
-import zlib
-
 import numpy as np
 import torch
 
-
-def _word(part: int | str) -> int:
-    if isinstance(part, str):
-        return zlib.crc32(part.encode())
-    if part < 0:
-        raise ValueError("key parts must be non-negative")
-    return int(part)
-
-
-def derive_seed(root: int, *path: int | str) -> int:
-    """A 63-bit seed for the key ``path`` under ``root`` (strings are hashed to 32-bit words)."""
-    ss = np.random.SeedSequence(entropy=int(root), spawn_key=tuple(_word(p) for p in path))
-    return int(ss.generate_state(1, dtype=np.uint64)[0] >> np.uint64(1))
+from evolm.seeding import derive_seed
 
 
 class NoiseSource:

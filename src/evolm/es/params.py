@@ -3,7 +3,7 @@ and the float32 update.
 
 Design decisions:
 
-- Selection: ``categories`` from ``evolm.analysis.categories.param_category`` (norm, attention, mlp,
+- Selection: ``categories`` from ``evolm.categories.param_category`` (norm, attention, mlp,
   embedding, lm_head) or ``all``, optionally intersected with a name regex. Tied tensors (SmolLM2's
   embedding and LM head) are one tensor and are perturbed once, under their first name.
 - Each selected tensor has a fixed index (its position in the model's ``named_parameters`` order) that
@@ -32,7 +32,7 @@ import re
 
 import torch
 
-from evolm.analysis.categories import param_category
+from evolm.categories import param_category
 from evolm.es import fused
 from evolm.es.noise import NoiseSource
 

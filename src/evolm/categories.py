@@ -15,7 +15,7 @@ Design decisions:
 - Order of the rules matters and is fixed: ``lm_head`` first, then embeddings, then norms (so a
   query/key norm inside ``self_attn`` such as gemma3's ``self_attn.q_norm`` counts as a norm, the
   paper's "LayerNorm" family), then attention, then MLP; anything else is ``other``.
-- Stdlib only: the ES engine imports this module, and it must stay free of torch.
+- Stdlib only, at the bottom of the package: the config, the ES engine and the analyses all import it.
 """
 
 from __future__ import annotations
