@@ -473,6 +473,7 @@ def run_grpo(cfg: GRPOJob, model=None, tokenizer=None, task=None, run_dir=None, 
     from evolm.config import validate
     from evolm.heldout import heldout_eval, make_probe, probe_record
     from evolm.plots import plot_training
+    from evolm.runs import save_model_dir
     from evolm.tasks import make_task
 
     validate(cfg)
@@ -524,7 +525,7 @@ def run_grpo(cfg: GRPOJob, model=None, tokenizer=None, task=None, run_dir=None, 
         reference = run.path / "reference"
         if injected or init_state_dict is not None or not (Path(name_or_path or "_") / "config.json").exists():
             if not (reference / "config.json").exists():
-                run._save_model_dir(reference, model, None, extra={})
+                save_model_dir(reference, model, None, extra={})
             model.config._name_or_path = str(reference)
 
     trainer_ref: dict = {}

@@ -307,10 +307,9 @@ def combined_records(run_path: str | Path, plan: Sequence[Stage]) -> list[dict]:
 
 def write_combined(run, plan: Sequence[Stage]) -> None:
     """Rewrite ``<run>/metrics.jsonl`` from the stage directories (atomic)."""
-    from evolm.runs import _json_default, atomic_write_text
+    from evolm.runs import atomic_write_jsonl
 
-    records = combined_records(run.path, plan)
-    atomic_write_text(run.metrics_path, "".join(json.dumps(r, default=_json_default) + "\n" for r in records))
+    atomic_write_jsonl(run.metrics_path, combined_records(run.path, plan))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -489,7 +488,7 @@ def _run_stages(cfg, run, plan, model, tokenizer, task, generator, stage_probe, 
     """Run every stage of ``plan`` that has not finished; the model ends with the last stage's weights."""
     from evolm import config as config_mod
     from evolm import models
-    from evolm.es.engine import load_weights
+    from evolm.runs import load_weights
     from evolm.runs import RunDir
 
     fingerprints = dict(run.info().get("fingerprints") or {})

@@ -20,20 +20,30 @@ Design decisions:
   checkpoint are dropped (``truncate_after``) so the resumed stream has no duplicates.
 - Weights are saved with ``save_pretrained`` (safetensors, tied weights handled, Hugging Face names),
   never in a backend's internal (e.g. fused vLLM) naming.
+- One read side for every consumer (report, sweep, pipeline, plots, demo): ``RunDir.state()``
+  (absent / started / finished), ``train_records()`` and ``probes()`` (one record per step, the last
+  one logged winning; a record without ``kind`` is a training record), ``evaluation(label)``
+  (``eval_<label>.json``), ``config()``.
+- One training-record schema for every method (``train_record``): the same reward statistics (None
+  when no reward is finite), cost fields, running totals and peak memory for ES and GRPO.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
+import resource
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Sequence
 
 from evolm.errors import UserError
+from evolm.models import quiet_transformers
 
 
 _UMASK = os.umask(0)
@@ -57,10 +67,16 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 
 
 def atomic_write_json(path: str | Path, obj: Any) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, default=_json_default) + "\n")
+    atomic_write_text(path, json.dumps(obj, indent=2, default=json_default) + "\n")
 
 
-def _json_default(o):
+def atomic_write_jsonl(path: str | Path, records: Sequence[dict]) -> None:
+    """Replace a JSONL file with ``records`` in one atomic step."""
+    atomic_write_text(path, "".join(json.dumps(r, default=json_default) + "\n" for r in records))
+
+
+def json_default(o):
+    """``json.dumps(default=...)`` for tensors, NumPy values and paths."""
     if hasattr(o, "tolist"):
         return o.tolist()
     if hasattr(o, "item"):
@@ -89,7 +105,7 @@ def read_jsonl(path: str | Path) -> list[dict]:
 
 def append_jsonl(path: str | Path, record: dict) -> None:
     with open(path, "a") as f:
-        f.write(json.dumps(record, default=_json_default) + "\n")
+        f.write(json.dumps(record, default=json_default) + "\n")
         f.flush()
         os.fsync(f.fileno())
 
@@ -167,6 +183,45 @@ class RunDir:
     def seed_log(self) -> list[dict]:
         return read_jsonl(self.seed_log_path)
 
+    # -- reading -----------------------------------------------------------------------------------
+    def state(self) -> str:
+        """``absent`` (no ``run.json`` or ``config.toml``: nothing to resume), ``finished`` (``run.json``
+        says finished and ``final/`` is complete) or ``started`` (anything in between: resumable)."""
+        if not self.config_path.exists() or not (self.path / "run.json").exists():
+            return "absent"
+        try:
+            status = self.info().get("status")
+        except ValueError:  # a torn run.json cannot happen (atomic writes) but must not crash a sweep
+            return "started"
+        return "finished" if status == "finished" and (self.path / "final" / "config.json").exists() else "started"
+
+    def config(self) -> dict:
+        """The resolved config as a dict (``config.toml``)."""
+        import tomllib
+
+        return tomllib.loads(self.config_path.read_text()) if self.config_path.exists() else {}
+
+    def records(self, kind: str) -> list[dict]:
+        """Metrics records of one kind (``train``, ``probe``, ``eval``), one per step, the last one logged
+        winning (a resumed run may have logged a step twice), in step order. A record without ``kind``
+        is a training record."""
+        by_step: dict[int, dict] = {}
+        for r in self.metrics():
+            if r.get("kind", "train") == kind and "step" in r:
+                by_step[int(r["step"])] = r
+        return [by_step[s] for s in sorted(by_step)]
+
+    def train_records(self) -> list[dict]:
+        return self.records("train")
+
+    def probes(self) -> list[dict]:
+        return self.records("probe")
+
+    def evaluation(self, label: str) -> dict | None:
+        """The held-out evaluation ``eval_<label>.json`` (``before`` / ``after``), or None."""
+        path = self.path / f"eval_{label}.json"
+        return json.loads(path.read_text()) if path.exists() else None
+
     def write_json(self, name: str, obj: Any) -> Path:
         atomic_write_json(self.path / name, obj)
         return self.path / name
@@ -176,7 +231,7 @@ class RunDir:
         for p in (self.metrics_path, self.seed_log_path):
             if p.exists():
                 keep = [r for r in read_jsonl(p) if r.get("step", 0) <= step]
-                atomic_write_text(p, "".join(json.dumps(r, default=_json_default) + "\n" for r in keep))
+                atomic_write_jsonl(p, keep)
 
     # -- checkpoints -------------------------------------------------------------------------------
     @property
@@ -192,7 +247,7 @@ class RunDir:
         """
         name = f"step_{step:06d}"
         final = self.checkpoint_dir / name
-        self._save_model_dir(final, model, None, extra={"state.json": {"step": step, **state}}, write_extra=write_extra)
+        save_model_dir(final, model, None, extra={"state.json": {"step": step, **state}}, write_extra=write_extra)
         atomic_write_text(self.checkpoint_dir / "LATEST", name + "\n")
         for old in self.checkpoints()[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
@@ -216,43 +271,90 @@ class RunDir:
         return None
 
     def save_final(self, model, tokenizer=None, state: dict | None = None) -> Path:
-        self._save_model_dir(self.path / "final", model, tokenizer, extra={"state.json": state or {}})
+        save_model_dir(self.path / "final", model, tokenizer, extra={"state.json": state or {}})
         return self.path / "final"
-
-    @staticmethod
-    def _save_model_dir(target: Path, model, tokenizer, extra: dict[str, Any],
-                        write_extra: Callable[[Path], None] | None = None) -> None:
-        from evolm.models import quiet_transformers
-
-        quiet_transformers()
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-        try:
-            model.save_pretrained(tmp, safe_serialization=True)
-            if tokenizer is not None:
-                tokenizer.save_pretrained(tmp)
-            for fname, obj in extra.items():
-                atomic_write_json(tmp / fname, obj)
-            if write_extra is not None:
-                write_extra(tmp)
-            if target.exists():
-                old = target.with_name(f".{target.name}.old")
-                shutil.rmtree(old, ignore_errors=True)
-                os.replace(target, old)
-                os.replace(tmp, target)
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                os.replace(tmp, target)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
 
     def finish(self, **fields: Any) -> None:
         self.update_info(status="finished", finished=time.time(), **fields)
 
 
-def find_runs(root: str | Path) -> Iterator[RunDir]:
-    """Every run directory at or below ``root``."""
-    root = Path(root)
-    for cfg in sorted(root.rglob("config.toml")):
-        if (cfg.parent / "run.json").exists():
-            yield RunDir(cfg.parent)
+def save_model_dir(target: Path, model, tokenizer, extra: dict[str, Any],
+                   write_extra: Callable[[Path], None] | None = None) -> None:
+    """Write a model directory (``save_pretrained`` safetensors in Hugging Face names, the tokenizer,
+    JSON files ``extra``, and whatever ``write_extra(tmp)`` adds) and rename it into place atomically."""
+    quiet_transformers()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        for fname, obj in extra.items():
+            atomic_write_json(tmp / fname, obj)
+        if write_extra is not None:
+            write_extra(tmp)
+        if target.exists():
+            old = target.with_name(f".{target.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(target, old)
+            os.replace(tmp, target)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def load_weights(model, directory: Path) -> None:
+    """Load safetensors weights saved by ``save_pretrained`` into ``model`` (tied weights allowed missing)."""
+    from safetensors.torch import load_file
+
+    files = sorted(Path(directory).glob("*.safetensors"))
+    files = [f for f in files if f.name != "masters.safetensors"]
+    if not files:
+        raise FileNotFoundError(f"no safetensors weights in {directory}")
+    state = {}
+    for f in files:
+        state.update(load_file(str(f)))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    tied = {n for n, p in model.named_parameters(remove_duplicate=False)} - {n for n, p in model.named_parameters()}
+    if unexpected or set(missing) - tied:
+        raise RuntimeError(f"checkpoint {directory} does not match the model (missing {sorted(set(missing) - tied)[:3]}, "
+                           f"unexpected {unexpected[:3]})")
+
+
+# -- the training record -------------------------------------------------------------------------------
+
+def peak_rss_mb() -> float:
+    """Peak resident set size of this process so far, in MiB (Linux reports KiB, macOS bytes)."""
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / 2**20 if sys.platform == "darwin" else rss / 1024
+
+
+TOTALS = ("seconds", "gen_sequences", "gen_tokens")
+"""Per-update cost fields that records also carry as running totals (``<field>_total``)."""
+
+
+def train_record(step: int, method: str, rewards: Sequence[float], *, seconds: float, gen_sequences: int,
+                 gen_tokens: int, totals: dict, **extra: Any) -> dict:
+    """One ``kind="train"`` metrics record, the same schema for every method.
+
+    ``rewards``: the values whose statistics the record carries (ES: the members' fitness; GRPO: the
+    update's rollout rewards); non-finite values are left out and the statistics are None when none is
+    finite. ``totals``: running totals after this update (``seconds_total``, ``gen_sequences_total``,
+    ``gen_tokens_total``). ``extra``: method-specific fields, appended after the common ones.
+    """
+    finite = [float(r) for r in rewards if r is not None and math.isfinite(float(r))]
+    mean = sum(finite) / len(finite) if finite else None
+    record = {
+        "step": int(step), "method": method, "kind": "train",
+        "reward_mean": mean,
+        "reward_std": math.sqrt(sum((r - mean) ** 2 for r in finite) / len(finite)) if finite else None,
+        "reward_min": min(finite) if finite else None,
+        "reward_max": max(finite) if finite else None,
+        "seconds": float(seconds), "gen_sequences": int(gen_sequences), "gen_tokens": int(gen_tokens),
+    }
+    record.update({f"{k}_total": totals[f"{k}_total"] for k in TOTALS if f"{k}_total" in totals})
+    record.update(extra)
+    record["peak_rss_mb"] = peak_rss_mb()
+    return record

@@ -42,7 +42,7 @@ from evolm.es.noise import make_noise
 from evolm.seeding import derive_seed, seed31
 from evolm.es.params import ParamSet
 from evolm.es.update import Update, compute_update, member_layout
-from evolm.runs import RunDir
+from evolm.runs import RunDir, load_weights
 from evolm.tasks.base import Example, Task
 
 
@@ -127,23 +127,6 @@ def build_paramset(model, cfg) -> ParamSet:
 
 
 # -- checkpoints ------------------------------------------------------------------------------------
-
-def load_weights(model, directory: Path) -> None:
-    """Load safetensors weights saved by ``save_pretrained`` into ``model`` (tied weights allowed missing)."""
-    from safetensors.torch import load_file
-
-    files = sorted(Path(directory).glob("*.safetensors"))
-    files = [f for f in files if f.name != "masters.safetensors"]
-    if not files:
-        raise FileNotFoundError(f"no safetensors weights in {directory}")
-    state = {}
-    for f in files:
-        state.update(load_file(str(f)))
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    tied = {n for n, p in model.named_parameters(remove_duplicate=False)} - {n for n, p in model.named_parameters()}
-    if unexpected or set(missing) - tied:
-        raise RuntimeError(f"checkpoint {directory} does not match the model (missing {sorted(set(missing) - tied)[:3]}, unexpected {unexpected[:3]})")
-
 
 def _save_masters(params: ParamSet, directory: Path) -> None:
     if params.masters is not None:
