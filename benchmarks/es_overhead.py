@@ -75,7 +75,8 @@ def _sync(device):
 
 def child_time(args) -> dict:
     from evolm.backends.base import SamplingParams
-    from evolm.es.engine import LocalPopulation, build_paramset, training_batch
+    from evolm.es.engine import build_paramset, training_batch
+    from evolm.es.population import LocalPopulation
     from evolm.es.update import compute_update, member_layout
 
     cfg, model, tokenizer, task, generator = _setup(args)
@@ -123,7 +124,8 @@ def child_memory(args, mode: str) -> dict:
     import torch
 
     from evolm.backends.base import SamplingParams
-    from evolm.es.engine import LocalPopulation, build_paramset, training_batch
+    from evolm.es.engine import build_paramset, training_batch
+    from evolm.es.population import LocalPopulation
     from evolm.es.update import compute_update, member_layout
 
     cfg, model, tokenizer, task, generator = _setup(args)

@@ -54,7 +54,8 @@ def main() -> None:
     from evolm import models
     from evolm.backends.base import SamplingParams
     from evolm.backends.hf import HFGenerator
-    from evolm.evaluate import GenerationCache, derive_seed, evaluate_task
+    from evolm.evaluate import GenerationCache, evaluate_task
+    from evolm.seeding import ids_seed
     from evolm.tasks import make_task
 
     torch.set_num_threads(args.threads)
@@ -82,7 +83,7 @@ def main() -> None:
     def raw(entropy: bool):
         out = []
         for chunk in chunks:
-            p = replace(sampling, seed=derive_seed(sampling.seed, [examples[i].id for i in chunk]), return_entropy=entropy)
+            p = replace(sampling, seed=ids_seed(sampling.seed, [examples[i].id for i in chunk]), return_entropy=entropy)
             out += generator.generate([prompts[i] for i in chunk], p)
         return out
 

@@ -470,7 +470,7 @@ def saved_models(tmp_path_factory, tokenizer):
 
 
 def _cli(*argv):
-    from evolm.cli import main
+    from evolm.commands import main
 
     return main(list(argv))
 

@@ -47,7 +47,50 @@ def test_noise_is_standard_normal_and_independent_across_keys(source):
 
 def test_table_noise_rejects_tensors_larger_than_the_table():
     with pytest.raises(ValueError, match="noise_table_size"):
-        TableNoise(0, size=100).direction(0, 0, 0, 101)
+        TableNoise(0, size=100).direction(0, 0, 0, 101)  # the per-tensor scheme of earlier runs
+
+
+def _smollm2_layout():
+    """(noise index, numel) of every SmolLM2-135M parameter, from its config (no weights are loaded)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from evolm import models
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(models.local_dir(models.DEFAULT_MODEL)))
+    return ParamSet(model, None).layout
+
+
+def test_member_noise_never_reuses_a_table_value_in_the_real_regime():
+    """SmolLM2-135M, all parameters, the default table: each member's noise is one stretch of distinct
+    table entries, the tensors' windows tile it in order, and nothing wraps."""
+    from evolm.es.noise import make_noise
+
+    layout = _smollm2_layout()
+    total = sum(n for _, n in layout)
+    assert total == 134_515_008
+    noise = make_noise("table", 7, layout)
+    assert noise.size >= total and not noise.reuses_within_member
+    for iteration, direction in [(0, 0), (3, 5), (199, 31)]:
+        o = noise.member_offset(iteration, direction)
+        starts = [noise.offset(iteration, direction, i, n) for i, n in layout]
+        ends = [s + n for s, (_, n) in zip(starts, layout)]
+        assert starts[0] == o and all(b == a for a, b in zip(ends, starts[1:]))  # contiguous, disjoint, in order
+        assert ends[-1] - o == total and ends[-1] <= noise.size  # inside the table: no wrap
+    assert noise.member_offset(0, 0) != noise.member_offset(0, 1) != noise.member_offset(1, 0)
+    emb, other = layout[0], layout[5]
+    a, b = noise.direction(0, 0, *emb), noise.direction(0, 0, *other)
+    assert not torch.equal(a[:b.numel()], b)  # no tensor's noise is a copy of another's
+
+
+def test_a_smaller_table_wraps_and_says_so():
+    from evolm.es.noise import make_noise
+
+    layout = [(0, 600), (3, 500)]
+    noise = make_noise("table", 1, layout, table_size=1000)
+    assert noise.reuses_within_member
+    whole = torch.cat([noise.direction(2, 1, i, n) for i, n in layout])
+    assert whole.numel() == 1100 and torch.equal(whole[1000:], whole[:100])  # the stretch wrapped once
 
 
 # -- exact restore ------------------------------------------------------------------------------------
@@ -98,8 +141,8 @@ def test_fused_kernel_perturbs_like_the_torch_path_and_restores_exactly():
     for factor in (1e-3, -3e-2, 1e-5):
         live = theta.clone()
         where, values = kern.perturb(live, eps, factor)
-        # the perturbed weights are theta + factor * eps up to the last bit (torch may fuse the multiply-add)
-        assert torch.allclose(live, theta + factor * eps, rtol=1e-6, atol=1e-12)
+        # the perturbed weights are theta + (factor * eps rounded), bit for bit as the torch ops compute them
+        assert torch.equal(live.view(torch.int32), torch.add(theta, torch.mul(eps, factor)).view(torch.int32))
         assert 0 < where.numel() < theta.numel() // 2 and torch.equal(values, theta[where])
         kern.restore(live, eps, factor)
         live[where] = values
@@ -266,7 +309,7 @@ def _run(cfg, tokenizer, task, model=None, **kw):
     from conftest import make_tiny_model
 
     from evolm.backends.hf import HFGenerator
-    from evolm.es.engine import run_es
+    from evolm.jobs import run_es
 
     model = model or make_tiny_model(tokenizer)
     return run_es(cfg, model=model, tokenizer=tokenizer, task=task, generator=HFGenerator(model, tokenizer, 16), quiet=True, **kw), model
@@ -302,7 +345,8 @@ def test_sparsity_scale_from_a_real_seed_log_matches_the_weight_change(tmp_path,
 
 
 def test_resume_after_a_kill_is_bit_identical_and_replay_matches(tmp_path, tokenizer, vowel_task):
-    from evolm.es.engine import replay, run_es
+    from evolm.es.engine import replay
+    from evolm.jobs import run_es
     from evolm.runs import RunDir
 
     cfg = _tiny_cfg(tmp_path / "a", iterations=4)
@@ -339,6 +383,63 @@ def test_resume_after_a_kill_is_bit_identical_and_replay_matches(tmp_path, token
         assert torch.equal(p, q), n
 
 
+def test_resume_and_replay_refuse_a_config_that_is_not_the_runs(tmp_path, tokenizer, vowel_task):
+    from conftest import make_tiny_model
+
+    from evolm.errors import ConfigError
+    from evolm.es.engine import replay
+    from evolm.jobs import run_es
+    from evolm.runs import RunDir
+
+    cfg = _tiny_cfg(tmp_path, iterations=1, noise_table_size=1 << 22)
+    run = _run(cfg, tokenizer, vowel_task)[0]
+    header = run.seed_log()[0]
+    assert header["perturb"]["arithmetic"] == "product-rounded-then-add" and header["noise"]["scheme"] == "member"
+    for change in ({"run": ("seed", 1)}, {"es": ("noise", "stream")}, {"es": ("params", ["norm"])},
+                   {"es": ("noise_table_size", 1 << 21)}):
+        (section, (field, value)), = change.items()
+        other = _tiny_cfg(tmp_path, iterations=2, noise_table_size=1 << 22)
+        setattr(getattr(other, section), field, value)
+        model = make_tiny_model(tokenizer)
+        with pytest.raises(ConfigError, match="does not describe the run"):
+            replay(model, run.seed_log(), other)
+        with pytest.raises(ConfigError, match="does not describe the run"):
+            run_es(other, resume=RunDir.open(run.path), model=model, tokenizer=tokenizer, task=vowel_task, quiet=True)
+    assert len(run.seed_log()) == 2 and RunDir.open(run.path).info()["status"] == "finished", "a refused resume changes nothing"
+
+
+def test_legacy_seed_logs_replay_with_the_per_tensor_table(tiny_model):
+    from evolm.es.engine import build_paramset
+
+    cfg = _tiny_cfg(".", noise_table_size=1 << 22)
+    header = {"kind": "header", "noise": {"kind": "table", "seed": build_paramset(tiny_model, cfg).noise.seed, "size": 1 << 22}}
+    params = build_paramset(tiny_model, cfg, header)
+    assert params.noise.scheme == "tensor" and params.noise.describe()["size"] == 1 << 22
+
+
+def test_kernel_and_torch_paths_perturb_bit_identically(tokenizer, monkeypatch):
+    from conftest import make_tiny_model
+
+    from evolm.es import fused
+    from evolm.es.noise import make_noise
+
+    if fused.kernel() is None:
+        pytest.skip("no C++ toolchain for the fused kernel")
+    perturbed = {}
+    for path in ("kernel", "torch"):
+        if path == "torch":
+            monkeypatch.setattr(fused, "kernel", lambda: None)
+        model = make_tiny_model(tokenizer)
+        params = ParamSet(model, None)
+        params.noise = make_noise("table", 5, params.layout, 1 << 22)
+        assert params.perturb_path == path
+        params.perturb(2, 3, -1, 3e-3)
+        perturbed[path] = [t.clone() for t in params.tensors]
+        params.restore()
+    for a, b in zip(perturbed["kernel"], perturbed["torch"]):
+        assert torch.equal(a.view(torch.int32), b.view(torch.int32))
+
+
 def test_a_reward_that_raises_skips_the_update_and_keeps_weights(tmp_path, tokenizer, vowel_task):
     from conftest import make_tiny_model
 
@@ -360,7 +461,7 @@ def test_es_restricted_to_norms_moves_only_norms(tmp_path, tokenizer, vowel_task
 
     model = make_tiny_model(tokenizer)
     before = _snapshot(model)
-    _run(_tiny_cfg(tmp_path, iterations=2, params=["norm"], sigma=0.5), tokenizer, vowel_task, model=model)
+    _run(_tiny_cfg(tmp_path, iterations=2, params=["norm"], sigma=1.0), tokenizer, vowel_task, model=model)
     moved = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
     assert moved and all("norm" in n for n in moved)
 
@@ -391,7 +492,7 @@ def test_config_validation_names_the_field(override, message):
 
 
 def test_cli_reports_user_errors_in_one_line(tmp_path, capsys):
-    from evolm.cli import main
+    from evolm.commands import main
 
     bad = tmp_path / "bad.toml"
     bad.write_text("[es]\nsigma = -1\n")

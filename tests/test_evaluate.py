@@ -204,7 +204,7 @@ def saved_tiny(tiny_model, tokenizer, tmp_path):
 
 
 def test_cli_eval_on_a_run_directory(saved_tiny, tmp_path, capsys, monkeypatch):
-    from evolm.cli import main
+    from evolm.commands import main
 
     monkeypatch.setenv("EVOLM_CACHE", str(tmp_path / "cache"))
     fixture = write_olmo_requests(tmp_path / "data" / "requests.jsonl.gz", MC_DOCS)
@@ -221,7 +221,7 @@ def test_cli_eval_on_a_run_directory(saved_tiny, tmp_path, capsys, monkeypatch):
 
 
 def test_cli_eval_user_errors_are_one_line(saved_tiny, tmp_path, capsys, monkeypatch):
-    from evolm.cli import main
+    from evolm.commands import main
 
     monkeypatch.setenv("EVOLM_CACHE", str(tmp_path / "cache"))
     base = ["eval", "--model", str(saved_tiny), "--no-progress", "--out", str(tmp_path / "o")]
@@ -233,7 +233,7 @@ def test_cli_eval_user_errors_are_one_line(saved_tiny, tmp_path, capsys, monkeyp
 
 
 def test_eval_help_is_fast_to_build():
-    from evolm.cli import build_parser
+    from evolm.commands import build_parser
 
     text = build_parser().format_help()
     assert "eval" in text

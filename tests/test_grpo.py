@@ -25,7 +25,8 @@ from evolm.tasks.base import Example, Task
 pytest.importorskip("trl")
 
 from evolm import grpo  # noqa: E402
-from evolm.grpo import GRPOJob, run_grpo  # noqa: E402
+from evolm.grpo import GRPOJob  # noqa: E402
+from evolm.jobs import run_grpo  # noqa: E402
 
 
 @register
@@ -267,7 +268,7 @@ def test_init_state_dict_and_kl_reference(tmp_path, tokenizer):
 # -- command line --------------------------------------------------------------------------------------
 
 def test_cli_help_and_errors():
-    from evolm.cli import main
+    from evolm.commands import main
 
     with pytest.raises(SystemExit) as e:
         main(["grpo", "--help"])
@@ -277,7 +278,7 @@ def test_cli_help_and_errors():
 
 
 def test_cli_rejects_resuming_a_non_grpo_run(tmp_path, capsys):
-    from evolm.cli import main
+    from evolm.commands import main
 
     RunDir.create(tmp_path, "es1", config.to_toml(GRPOJob()), kind="es")
     assert main(["grpo", "--resume", str(tmp_path / "es1"), "--set", "task.name='toy_letter'"]) == 2
@@ -288,7 +289,7 @@ def test_cli_trains_then_extends_the_budget_on_resume(tmp_path, tokenizer, capsy
     """`evolm grpo --config` on a model directory, then `--resume --set grpo.steps=3` continues to step 3."""
     from conftest import make_tiny_model
 
-    from evolm.cli import main
+    from evolm.commands import main
 
     make_tiny_model(tokenizer).save_pretrained(tmp_path / "tiny")
     tokenizer.save_pretrained(tmp_path / "tiny")

@@ -141,7 +141,7 @@ def saved_tiny(tmp_path, tokenizer):
 
 
 def test_cli_diversity_and_update_variance(saved_tiny, tmp_path, capsys):
-    from evolm.cli import main
+    from evolm.commands import main
 
     out = tmp_path / "an"
     assert main(["analyze", "diversity", "--model", str(saved_tiny), "--task", "vowels-third", "--population", "3",

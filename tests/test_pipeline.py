@@ -23,7 +23,8 @@ pytest.importorskip("trl")
 from conftest import make_tiny_model, make_vowel_task  # noqa: E402
 
 from evolm.pipeline import (PipelineJob, combined_records, largest_remainder, plan_stages,  # noqa: E402
-                            run_pipeline, stage_config, sweep_points)
+                            run_pipeline, stage_config)
+from evolm.sweep import split_points  # noqa: E402
 from evolm.tasks import register  # noqa: E402
 
 VowelTask = register(type(make_vowel_task()))  # the CLI sweep builds its task from the config by name
@@ -111,17 +112,19 @@ def test_stage_configs_take_the_plan_budget_and_distinct_seeds(tmp_path):
     assert cfg.es.iterations == 20 and cfg.grpo.steps == 20, "the pipeline's own sections are left alone"
 
 
-def test_sweep_points():
-    points = sweep_points(["0.25", "0", "1/3", "1", "0"], ["grpo-es", "es-grpo"])
-    assert points == [("grpo-es-0.25", ["grpo:0.25", "es:0.75"]), ("es-grpo-0.25", ["es:0.75", "grpo:0.25"]),
-                      ("es-only", ["es:1.0"]), ("grpo-es-1_3", ["grpo:1/3", "es:2/3"]),
-                      ("es-grpo-1_3", ["es:2/3", "grpo:1/3"]), ("grpo-only", ["grpo:1.0"])]
-    for _, stages in points:
-        plan_stages(stages, 7)  # every point is a valid plan
+def test_split_points():
+    points = split_points(["0.25", "0", "1/3", "1", "0"], ["grpo-es", "es-grpo"])
+    assert [(name, a["pipeline.stages"]) for name, a in points] == [
+        ("grpo-es-0.25", ["grpo:0.25", "es:0.75"]), ("es-grpo-0.25", ["es:0.75", "grpo:0.25"]),
+        ("es-only", ["es:1.0"]), ("grpo-es-1_3", ["grpo:1/3", "es:2/3"]),
+        ("es-grpo-1_3", ["es:2/3", "grpo:1/3"]), ("grpo-only", ["grpo:1.0"])]
+    assert all(a["pipeline.interleave"] is False for _, a in points)
+    for _, a in points:
+        plan_stages(a["pipeline.stages"], 7)  # every point is a valid plan
     with pytest.raises(UserError, match="--orders"):
-        sweep_points(["0.5"], ["ppo-es"])
+        split_points(["0.5"], ["ppo-es"])
     with pytest.raises(UserError, match=r"\[0, 1\]"):
-        sweep_points(["1.5"])
+        split_points(["1.5"])
 
 
 # -- running on a tiny model -------------------------------------------------------------------------
@@ -221,7 +224,7 @@ def _comparable(records):
 
 
 def test_resume_skips_finished_stages_and_resumes_the_interrupted_one(tmp_path, tokenizer, vowel_task):
-    class Kill(Exception):
+    class Kill(KeyboardInterrupt):  # as Ctrl-C or a scheduler's SIGTERM would stop it
         pass
 
     def kill_at(step):
@@ -243,7 +246,7 @@ def test_resume_skips_finished_stages_and_resumes_the_interrupted_one(tmp_path, 
     grpo_stage = RunDir.open(run_b.path / "stages" / "00-grpo")
     finished_at = grpo_stage.info()["finished"]
     es_stage = RunDir.open(run_b.path / "stages" / "01-es")
-    assert es_stage.info()["status"] == "running" and es_stage.latest_checkpoint()[1]["step"] == 1
+    assert es_stage.info()["status"] == "interrupted" and es_stage.latest_checkpoint()[1]["step"] == 1
 
     seen = []
     resumed = make_tiny_model(tokenizer)
@@ -263,8 +266,9 @@ def test_resume_skips_finished_stages_and_resumes_the_interrupted_one(tmp_path, 
 def test_probe_and_eval_records_have_the_same_fields_for_es_and_grpo(tmp_path, tokenizer, vowel_task):
     """Both trainers build the default probe from [probe] and evaluate before/after from [eval]."""
     from evolm.config import ESJob
-    from evolm.es.engine import run_es
-    from evolm.grpo import GRPOJob, run_grpo
+    from evolm.jobs import run_es
+    from evolm.grpo import GRPOJob
+    from evolm.jobs import run_grpo
 
     sections = {
         "run": {"out_dir": str(tmp_path), "checkpoint_every": 0, "progress": False},
@@ -304,7 +308,7 @@ def test_probe_and_eval_records_have_the_same_fields_for_es_and_grpo(tmp_path, t
 # -- command line --------------------------------------------------------------------------------------
 
 def test_cli_help_config_and_errors(tmp_path, capsys):
-    from evolm.cli import main
+    from evolm.commands import main
 
     with pytest.raises(SystemExit) as e:
         main(["pipeline", "--help"])
@@ -326,21 +330,25 @@ def test_cli_help_config_and_errors(tmp_path, capsys):
 
 
 def test_cli_split_sweep_runs_every_point_once(tmp_path, tokenizer, capsys):
-    from evolm.cli import main
+    from evolm.commands import main
 
     make_tiny_model(tokenizer).save_pretrained(tmp_path / "tiny")
     tokenizer.save_pretrained(tmp_path / "tiny")
     cfg_file = tmp_path / "p.toml"
     cfg = tiny_cfg(tmp_path, ["grpo:0.5", "es:0.5"], 2, name="sweep", probe={"every": 0},
-                   model={"spec": str(tmp_path / "tiny")})
+                   model={"spec": str(tmp_path / "tiny")},
+                   eval={"before_after": True, "count": 2, "n_samples": 2, "k": [1, 2]})
     cfg_file.write_text(config.to_toml(cfg))
     argv = ["pipeline", "--config", str(cfg_file), "--sweep-splits", "0.5", "--orders", "grpo-es,es-grpo"]
     assert main(argv) == 0
     sweep = tmp_path / "sweep"
-    rows = json.loads((sweep / "sweep_summary.json").read_text())
-    assert [(r["point"], r["stages"], r["status"], r["updates"]) for r in rows] == [
+    rows = json.loads((sweep / "sweep_summary.json").read_text())["points"]
+    assert [(r["name"], r["stages"], r["status"], r["updates"]) for r in rows] == [
         ("grpo-es-0.5", "grpo:1 es:1", "finished", 2), ("es-grpo-0.5", "es:1 grpo:1", "finished", 2)]
-    assert "| grpo-es-0.5 | grpo:1 es:1 | finished |" in (sweep / "sweep_summary.md").read_text()
+    assert "| [grpo:0.5,es:0.5] | false | grpo:1 es:1 | finished |" in (sweep / "sweep.md").read_text()
+    # both points start from the same weights: one before-evaluation, shared
+    before = [json.loads((sweep / p / "eval_before.json").read_text()) for p in ("grpo-es-0.5", "es-grpo-0.5")]
+    assert before[0] == before[1]
     for point, first in [("grpo-es-0.5", "00-grpo"), ("es-grpo-0.5", "00-es")]:
         assert (sweep / point / "stages" / first / "final" / "config.json").exists()
     finished = {p: RunDir.open(sweep / p).info()["finished"] for p in ("grpo-es-0.5", "es-grpo-0.5")}

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.slow
 @pytest.mark.ci
 def test_two_es_iterations_on_the_default_model(tmp_path):
     from evolm import config
-    from evolm.es.engine import run_es
+    from evolm.jobs import run_es
     from evolm.models import load
 
     cfg = config.from_dict(config.ESJob, {}, [
@@ -40,7 +40,7 @@ def test_two_es_iterations_on_the_default_model(tmp_path):
 
 @pytest.mark.ci
 def test_demo_cli_runs_end_to_end_with_a_tiny_budget(tmp_path, capsys):
-    from evolm.cli import main
+    from evolm.commands import main
 
     code = main(["demo", "--set", f"run.out_dir='{tmp_path}'", "--set", "es.iterations=1", "--set", "es.population=2",
                  "--set", "es.prompts_per_iteration=2", "--set", "eval.count=2", "--set", "eval.n_samples=2",

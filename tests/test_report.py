@@ -31,8 +31,8 @@ def _es_cfg(root, name, **es):
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory, tokenizer):
     from evolm.backends.hf import HFGenerator
-    from evolm.cli import main
-    from evolm.es.engine import run_es
+    from evolm.commands import main
+    from evolm.jobs import run_es
     from evolm.sweep import run_sweep
 
     root = tmp_path_factory.mktemp("report_inputs")
@@ -51,7 +51,8 @@ def inputs(tmp_path_factory, tokenizer):
 
     paths = {"base": root / "base", "es": es_run.path}
     try:
-        from evolm.grpo import GRPOJob, run_grpo
+        from evolm.grpo import GRPOJob
+        from evolm.jobs import run_grpo
 
         gcfg = config.from_dict(GRPOJob, {
             "run": {"out_dir": str(root), "name": "grpo", "checkpoint_every": 0, "progress": False},
@@ -136,7 +137,7 @@ def test_report_from_tiny_real_runs(inputs, tmp_path):
 
 
 def test_report_cli_and_errors(inputs, tmp_path, capsys):
-    from evolm.cli import main
+    from evolm.commands import main
 
     out = tmp_path / "r"
     assert main(["report", "--label", f"es={inputs['es']}", "--window", "2", "--out", str(out)]) == 0
@@ -173,7 +174,7 @@ def _synthetic_sweep(path, grid, curves, statuses=None):
 
 def test_report_sigma_estimator_shaping_eval_and_measurements(tmp_path, tokenizer):
     from evolm.analysis.ablations import update_spread
-    from evolm.cli import main
+    from evolm.commands import main
     from evolm.evaluate import evaluate_model
     from evolm.report import build_report
 

@@ -37,11 +37,11 @@ def test_split_values_and_parse_grid():
     assert point_name({"es.population": 8, "es.sigma": 0.001}) == "es.population=8,es.sigma=0.001"
     assert point_name({"es.estimator": "one_point"}) == "es.estimator=one_point"
     assert point_name({"es.params": ["norm", "mlp"]}) == "es.params=_norm,mlp_"
-    from evolm.config import _parse_value
-    from evolm.sweep import toml_literal
+    from evolm.config import parse_value, toml_inline
 
-    for v in (8, 0.001, 1e-05, -2.5, True, "one_point", 'a "q"', ["norm", "mlp"], {"digits": 2, "ops": "+"}, []):
-        assert _parse_value(toml_literal(v)) == v
+    for v in (8, 0.001, 1e-05, -2.5, True, "one_point", 'a "q"', ["norm", "mlp"], {"digits": 2, "ops": "+"}, [],
+              {"a b": 1}):
+        assert parse_value(toml_inline(v)) == v
     for bad in (["es.population"], ["es.population="], ["es.population=1", "es.population=2"], ["x=[1,2"]):
         with pytest.raises(UserError):
             parse_grid(bad)
@@ -50,15 +50,16 @@ def test_split_values_and_parse_grid():
 def make_runner(tokenizer, fail_on=None, kill_after=None):
     """run_es on a fresh tiny model; optionally fail a point or interrupt it after a checkpoint."""
     from evolm.backends.hf import HFGenerator
-    from evolm.es.engine import run_es
+    from evolm.jobs import run_es
 
     calls = []
 
     class Killed(Exception):
         pass
 
-    def runner(cfg, resume):
+    def runner(cfg, resume, eval_before=None):
         calls.append((cfg.run.name, resume is not None))
+        runner.shared_before.append((cfg.run.name, eval_before is not None))
         if fail_on and fail_on in cfg.run.name:
             raise RuntimeError("planted failure")
         model = make_tiny_model(tokenizer)
@@ -69,9 +70,10 @@ def make_runner(tokenizer, fail_on=None, kill_after=None):
                     raise Killed("killed")
             callbacks = (kill,)
         return run_es(cfg, resume=resume, model=model, tokenizer=tokenizer, task=TASKS["vowels"](),
-                      generator=HFGenerator(model, tokenizer, 16), callbacks=callbacks, quiet=True)
+                      generator=HFGenerator(model, tokenizer, 16), callbacks=callbacks, quiet=True, eval_before=eval_before)
 
     runner.calls = calls
+    runner.shared_before = []
     return runner
 
 
@@ -108,8 +110,10 @@ def test_sweep_runs_skips_resumes_and_records_failures(tmp_path, tokenizer):
     assert not (out / "es.sigma=0.02,es.shaping=none" / "sweep_error.txt").exists()
 
     # a third run does nothing
+    from evolm.analysis.ablations import ablations_for
+
     runner3 = make_runner(tokenizer)
-    run_sweep(BASE, grid, out, runner=runner3, config_class=config.ESJob, say=lambda *a: None)
+    run_sweep(BASE, grid, out, runner=runner3, config_class=config.ESJob, say=lambda *a: None, analyze=ablations_for)
     assert runner3.calls == []
 
     summary = json.loads((out / "sweep_summary.json").read_text())
@@ -130,6 +134,24 @@ def test_sweep_runs_skips_resumes_and_records_failures(tmp_path, tokenizer):
     assert collect_sweep(out)["points"][-1]["status"] == "finished"
 
 
+def test_points_on_the_same_start_share_one_before_evaluation(tmp_path, tokenizer):
+    from evolm import config
+
+    base = {**BASE, "es": {**BASE["es"], "iterations": 1},
+            "eval": {"before_after": True, "count": 2, "n_samples": 2, "k": [1, 2]}}
+    runner = make_runner(tokenizer)
+    out = tmp_path / "sweep"
+    run_sweep(base, {"es.sigma": [0.02, 0.05], "generation.max_new_tokens": [4, 3]}, out, runner=runner,
+              config_class=config.ESJob, say=lambda *a: None)
+    shared = dict(runner.shared_before)
+    # the first point of each starting setting measures; the others reuse it (eval length follows generation)
+    assert shared == {"es.sigma=0.02,generation.max_new_tokens=4": False, "es.sigma=0.02,generation.max_new_tokens=3": False,
+                      "es.sigma=0.05,generation.max_new_tokens=4": True, "es.sigma=0.05,generation.max_new_tokens=3": True}
+    before = lambda name: json.loads((out / name / "eval_before.json").read_text())  # noqa: E731
+    assert before("es.sigma=0.05,generation.max_new_tokens=4") == before("es.sigma=0.02,generation.max_new_tokens=4")
+    assert before("es.sigma=0.05,generation.max_new_tokens=3") != before("es.sigma=0.02,generation.max_new_tokens=4")
+
+
 def test_invalid_grid_points_fail_before_any_run(tmp_path, tokenizer):
     from evolm import config
 
@@ -141,7 +163,7 @@ def test_invalid_grid_points_fail_before_any_run(tmp_path, tokenizer):
 
 
 def test_cli_sweep_errors(tmp_path, capsys):
-    from evolm.cli import main
+    from evolm.commands import main
 
     assert main(["sweep", "--out", str(tmp_path / "s")]) == 2
     assert "--grid" in capsys.readouterr().err

@@ -1,5 +1,5 @@
 import sys
 
-from evolm.cli import main
+from evolm.commands import main
 
 sys.exit(main())

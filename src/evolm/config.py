@@ -22,6 +22,8 @@ import ast
 import dataclasses
 import difflib
 import inspect
+import json
+import re
 import tomllib
 import types
 import typing
@@ -31,7 +33,9 @@ from typing import Any, Literal
 
 import tomli_w
 
+from evolm.categories import CATEGORIES
 from evolm.errors import ConfigError
+from evolm.tasks import TASKS
 
 
 # --------------------------------------------------------------------------------------------------
@@ -54,9 +58,9 @@ class RunConfig:
     """Show progress bars with ETA."""
 
     def validate(self, p: str) -> None:
-        _require(bool(self.name.strip()), f"{p}.name must not be empty")
-        _require(self.checkpoint_every >= 0, f"{p}.checkpoint_every must be >= 0 (got {self.checkpoint_every})")
-        _require(self.keep_checkpoints >= 1, f"{p}.keep_checkpoints must be >= 1 (got {self.keep_checkpoints})")
+        require(bool(self.name.strip()), f"{p}.name must not be empty")
+        require(self.checkpoint_every >= 0, f"{p}.checkpoint_every must be >= 0 (got {self.checkpoint_every})")
+        require(self.keep_checkpoints >= 1, f"{p}.keep_checkpoints must be >= 1 (got {self.keep_checkpoints})")
 
 
 @dataclass
@@ -71,9 +75,9 @@ class ModelConfig:
     """torch device for the model: cpu, cuda, cuda:1, ..."""
 
     def validate(self, p: str) -> None:
-        _require(self.threads >= 1, f"{p}.threads must be >= 1 (got {self.threads})")
-        _require(self.device == "cpu" or self.device.startswith(("cuda", "mps")),
-                 f"{p}.device must be cpu, cuda[:i] or mps (got '{self.device}')")
+        require(self.threads >= 1, f"{p}.threads must be >= 1 (got {self.threads})")
+        require(self.device == "cpu" or self.device.startswith(("cuda", "mps")),
+                f"{p}.device must be cpu, cuda[:i] or mps (got '{self.device}')")
 
 
 @dataclass
@@ -88,9 +92,7 @@ class TaskConfig:
     """System message for chat models; None uses the task's own short instruction, "" drops it (the template's default may then appear)."""
 
     def validate(self, p: str) -> None:
-        from evolm.tasks import TASKS
-
-        _require(self.name in TASKS, f"{p}.name must be one of {sorted(TASKS)} (got '{self.name}')")
+        require(self.name in TASKS, f"{p}.name must be one of {sorted(TASKS)} (got '{self.name}')")
 
 
 @dataclass
@@ -109,10 +111,10 @@ class GenerationConfig:
     """Run a prefix shared by a batch's prompts (system message, worked demonstrations) once and reuse its KV cache."""
 
     def validate(self, p: str) -> None:
-        _require(self.batch_size >= 1, f"{p}.batch_size must be >= 1 (got {self.batch_size})")
-        _require(self.max_new_tokens >= 1, f"{p}.max_new_tokens must be >= 1 (got {self.max_new_tokens})")
-        _require(self.temperature >= 0, f"{p}.temperature must be >= 0 (got {self.temperature})")
-        _require(0 < self.top_p <= 1, f"{p}.top_p must be in (0, 1] (got {self.top_p})")
+        require(self.batch_size >= 1, f"{p}.batch_size must be >= 1 (got {self.batch_size})")
+        require(self.max_new_tokens >= 1, f"{p}.max_new_tokens must be >= 1 (got {self.max_new_tokens})")
+        require(self.temperature >= 0, f"{p}.temperature must be >= 0 (got {self.temperature})")
+        require(0 < self.top_p <= 1, f"{p}.top_p must be in (0, 1] (got {self.top_p})")
 
 
 @dataclass
@@ -145,22 +147,18 @@ class ESConfig:
     """Score the unperturbed centre on the iteration's prompts every this many updates (0: never)."""
 
     def validate(self, p: str) -> None:
-        from evolm.categories import CATEGORIES
-
-        _require(self.iterations >= 1, f"{p}.iterations must be >= 1 (got {self.iterations})")
-        _require(self.population >= 2, f"{p}.population must be >= 2 (got {self.population})")
+        require(self.iterations >= 1, f"{p}.iterations must be >= 1 (got {self.iterations})")
+        require(self.population >= 2, f"{p}.population must be >= 2 (got {self.population})")
         if self.estimator == "antithetic":
-            _require(self.population % 2 == 0, f"{p}.population must be even for the antithetic estimator (got {self.population})")
-        _require(self.sigma > 0, f"{p}.sigma must be > 0 (got {self.sigma})")
-        _require(self.lr > 0, f"{p}.lr must be > 0 (got {self.lr})")
-        _require(self.prompts_per_iteration >= 1, f"{p}.prompts_per_iteration must be >= 1 (got {self.prompts_per_iteration})")
-        _require(self.noise_table_size >= 0, f"{p}.noise_table_size must be >= 0 (got {self.noise_table_size})")
-        _require(self.eval_center_every >= 0, f"{p}.eval_center_every must be >= 0 (got {self.eval_center_every})")
+            require(self.population % 2 == 0, f"{p}.population must be even for the antithetic estimator (got {self.population})")
+        require(self.sigma > 0, f"{p}.sigma must be > 0 (got {self.sigma})")
+        require(self.lr > 0, f"{p}.lr must be > 0 (got {self.lr})")
+        require(self.prompts_per_iteration >= 1, f"{p}.prompts_per_iteration must be >= 1 (got {self.prompts_per_iteration})")
+        require(self.noise_table_size >= 0, f"{p}.noise_table_size must be >= 0 (got {self.noise_table_size})")
+        require(self.eval_center_every >= 0, f"{p}.eval_center_every must be >= 0 (got {self.eval_center_every})")
         bad = [c for c in self.params if c not in CATEGORIES + ("all",)]
-        _require(not bad and bool(self.params), f"{p}.params must be a non-empty list of {('all',) + CATEGORIES} (got {self.params})")
+        require(not bad and bool(self.params), f"{p}.params must be a non-empty list of {('all',) + CATEGORIES} (got {self.params})")
         if self.param_regex:
-            import re
-
             try:
                 re.compile(self.param_regex)
             except re.error as e:
@@ -189,16 +187,20 @@ class EvalConfig:
     """Evaluate the model before training and after it."""
 
     def validate(self, p: str) -> None:
-        _require(self.count >= 1, f"{p}.count must be >= 1 (got {self.count})")
-        _require(self.n_samples >= 1, f"{p}.n_samples must be >= 1 (got {self.n_samples})")
-        _require(all(1 <= k <= self.n_samples for k in self.k) and bool(self.k),
-                 f"{p}.k values must lie in [1, n_samples={self.n_samples}] (got {self.k})")
-        _require(self.temperature >= 0, f"{p}.temperature must be >= 0 (got {self.temperature})")
-        _require(self.max_new_tokens >= 0, f"{p}.max_new_tokens must be >= 0 (got {self.max_new_tokens})")
+        _validate_heldout(self, p)
+        require(self.temperature >= 0, f"{p}.temperature must be >= 0 (got {self.temperature})")
         if self.task:
-            from evolm.tasks import TASKS
+            require(self.task in TASKS, f"{p}.task must be one of {sorted(TASKS)} (got '{self.task}')")
 
-            _require(self.task in TASKS, f"{p}.task must be one of {sorted(TASKS)} (got '{self.task}')")
+
+def _validate_heldout(section, p: str) -> None:
+    """The checks ``[eval]`` and ``[probe]`` share (problem count, samples, k, nucleus mass, length)."""
+    require(section.count >= 1, f"{p}.count must be >= 1 (got {section.count})")
+    require(section.n_samples >= 1, f"{p}.n_samples must be >= 1 (got {section.n_samples})")
+    require(all(1 <= k <= section.n_samples for k in section.k) and bool(section.k),
+            f"{p}.k values must lie in [1, n_samples={section.n_samples}] (got {section.k})")
+    require(0 < section.top_p <= 1, f"{p}.top_p must be in (0, 1] (got {section.top_p})")
+    require(section.max_new_tokens >= 0, f"{p}.max_new_tokens must be >= 0 (got {section.max_new_tokens})")
 
 
 DEFAULT_PROBE_PARAMS = {"digits": 2, "operators": "+-"}
@@ -210,7 +212,7 @@ class ProbeConfig:
     every: int = 0
     """Probe held-out entropy and pass@k every this many updates (0: off). Also probed before and after training."""
     task: str = "arithmetic"
-    """Held-out probe task ("" = the training task's test split). Default: 2-digit + and - (see params), where SmolLM2-135M-Instruct scores greedy 19%, pass@1 10%, pass@8 34% (32 problems, 8 samples at T=1, 24 tokens), so a trajectory can move both ways; it is at or below chance on csqa/arc_easy/sst2."""
+    """Held-out probe task ("" = the training task's test split). Default: 2-digit + and - (see params), where the default model is off the floor and below the ceiling, so a trajectory can move both ways (measured in docs/grpo.md)."""
     params: dict[str, Any] | None = None
     """Knobs of the probe task; unset: {digits = 2, operators = "+-"} when task is arithmetic, else {}."""
     count: int = 32
@@ -231,15 +233,11 @@ class ProbeConfig:
             self.params = dict(DEFAULT_PROBE_PARAMS) if self.task == "arithmetic" else {}
 
     def validate(self, p: str) -> None:
-        _require(self.every >= 0, f"{p}.every must be >= 0 (got {self.every})")
-        _require(self.count >= 1 and self.n_samples >= 1, f"{p}.count and {p}.n_samples must be >= 1")
-        _require(all(1 <= k <= self.n_samples for k in self.k) and bool(self.k),
-                 f"{p}.k values must lie in [1, n_samples={self.n_samples}] (got {self.k})")
-        _require(self.temperature > 0, f"{p}.temperature must be > 0 (entropy and pass@k need sampling; got {self.temperature})")
+        require(self.every >= 0, f"{p}.every must be >= 0 (got {self.every})")
+        _validate_heldout(self, p)
+        require(self.temperature > 0, f"{p}.temperature must be > 0 (entropy and pass@k need sampling; got {self.temperature})")
         if self.task and self.every:
-            from evolm.tasks import TASKS
-
-            _require(self.task in TASKS, f"{p}.task must be one of {sorted(TASKS)} (got '{self.task}')")
+            require(self.task in TASKS, f"{p}.task must be one of {sorted(TASKS)} (got '{self.task}')")
 
 
 @dataclass
@@ -259,7 +257,7 @@ class ESJob:
 # loading, overrides, validation, writing
 
 
-def _require(ok: bool, message: str) -> None:
+def require(ok: bool, message: str) -> None:
     if not ok:
         raise ConfigError(message)
 
@@ -340,7 +338,7 @@ def _build(cls, data: dict, prefix: str = ""):
     return cls(**kwargs)
 
 
-def _parse_value(text: str) -> Any:
+def parse_value(text: str) -> Any:
     """Parse the right-hand side of ``--set key=value`` as a TOML value; bare words are strings."""
     try:
         return tomllib.loads(f"v = {text}")["v"]
@@ -361,7 +359,7 @@ def apply_override(data: dict, assignment: str) -> None:
         node = node.setdefault(part, {})
         if not isinstance(node, dict):
             raise ConfigError(f"--set {key}: '{part}' is not a table")
-    node[parts[-1]] = _parse_value(text.strip())
+    node[parts[-1]] = parse_value(text.strip())
 
 
 def read_toml(path: str | Path) -> dict:
@@ -440,12 +438,14 @@ def field_docs(cls) -> dict[str, str]:
     return docs
 
 
-def _inline_toml(value) -> str:
-    """A TOML value on one line: lists as ``[a, b]``, tables as ``{ k = v }``."""
+def toml_inline(value) -> str:
+    """A TOML value on one line (what ``--set key=...`` takes): ``8``, ``0.001``, ``"a"``, ``["norm", "mlp"]``,
+    ``{ digits = 2 }``; keys that are not bare words are quoted."""
     if isinstance(value, dict):
-        return "{ " + ", ".join(f"{k} = {_inline_toml(v)}" for k, v in value.items()) + " }" if value else "{}"
+        keys = [k if re.fullmatch(r"[A-Za-z0-9_-]+", str(k)) else json.dumps(str(k)) for k in value]
+        return "{ " + ", ".join(f"{k} = {toml_inline(v)}" for k, v in zip(keys, value.values())) + " }" if value else "{}"
     if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_inline_toml(v) for v in value) + "]"
+        return "[" + ", ".join(toml_inline(v) for v in value) + "]"
     return tomli_w.dumps({"v": value})[4:].strip()
 
 
@@ -461,6 +461,6 @@ def describe(cls, prefix: str = "") -> list[str]:
             lines.append(f"[{key}]")
             lines += describe(type(value), prefix=f"{key}.")
         else:
-            shown = _inline_toml(value) if value is not None else "(unset)"
+            shown = toml_inline(value) if value is not None else "(unset)"
             lines.append(f"  {key} = {shown}    # {docs.get(f.name, '')}")
     return lines

@@ -3,7 +3,7 @@
 The one function everything calls is ``evaluate_task(generator, task, tokenizer, examples, sampling,
 ks)``: the CLI (``evolm eval``), the ES engine and the GRPO trainer (before/after evaluations and
 held-out probes) all measure the same way. ``evaluate_model`` loads a model spec and writes the
-outputs; ``add_cli`` registers the ``eval`` verb.
+outputs (the ``eval`` verb in ``evolm/commands/eval.py`` calls it).
 
 Design decisions:
 
@@ -43,8 +43,13 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from evolm.backends.base import Completion, Generator, SamplingParams
+from evolm import metrics, models
+from evolm.console import progress_bar
 from evolm.errors import UserError
+from evolm.markdown import table
+from evolm.runs import atomic_write_json, atomic_write_text
 from evolm.seeding import ids_seed
+from evolm.tasks import make_task
 
 # -- results ---------------------------------------------------------------------------------------
 
@@ -108,8 +113,6 @@ class TaskEval:
 
 def summarize(problems: Sequence[ProblemResult], ks: Iterable[int]) -> dict[str, Any]:
     """The summary metrics of a task from its per-problem results (pure; formulas in ``evolm.metrics``)."""
-    from evolm import metrics
-
     if not problems:
         return {"problems": 0}
     ns = [p.n for p in problems]
@@ -208,9 +211,7 @@ class GenerationCache:
 
 
 def default_cache_dir() -> Path:
-    from evolm.models import cache_dir
-
-    return cache_dir() / "generations"
+    return models.cache_dir() / "generations"
 
 
 # -- evaluation ------------------------------------------------------------------------------------
@@ -243,14 +244,6 @@ def _generate_all(generator: Generator, examples, prompts: list[str], sampling: 
     return out, generated  # type: ignore[return-value]
 
 
-def _progress_bar(total: int, desc: str, enabled: bool):
-    if not enabled:
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=desc, unit="sample", dynamic_ncols=True, leave=True)
-
-
 def check_ks(ks: Iterable[int], n: int) -> list[int]:
     ks = sorted({int(k) for k in ks})
     bad = [k for k in ks if not 1 <= k <= n]
@@ -278,7 +271,7 @@ def evaluate_task(generator: Generator, task, tokenizer, examples: Sequence, sam
     batch = int(getattr(generator, "batch_size", 32) or 32)
     per_call = per_call or max(1, batch // sampling.n)
 
-    bar = _progress_bar(len(examples) * sampling.n, f"{task.name} n={sampling.n}", progress)
+    bar = progress_bar(len(examples) * sampling.n, f"{task.name} n={sampling.n}", unit="sample", enabled=progress)
     try:
         samples, generated = _generate_all(generator, examples, prompts, sampling,
                                            cache.table(task.name, sampling) if cache else None, per_call, bar)
@@ -288,7 +281,7 @@ def evaluate_task(generator: Generator, task, tokenizer, examples: Sequence, sam
     greedy_out = None
     if greedy:
         g = SamplingParams(n=1, temperature=0.0, max_new_tokens=sampling.max_new_tokens, return_entropy=False)
-        bar = _progress_bar(len(examples), f"{task.name} greedy", progress)
+        bar = progress_bar(len(examples), f"{task.name} greedy", unit="sample", enabled=progress)
         try:
             greedy_out, extra = _generate_all(generator, examples, prompts, g, cache.table(task.name, g) if cache else None,
                                               max(1, batch), bar)
@@ -352,9 +345,7 @@ def evaluate_model(spec_or_model: Any, tasks: Sequence[Any], *, tokenizer=None, 
     Writes eval.json, eval.md and passk.png into ``out_dir`` when it is given; returns the eval.json
     content.
     """
-    from evolm import models
-    from evolm.backends.hf import HFGenerator
-    from evolm.tasks import make_task
+    from evolm.backends.hf import HFGenerator  # torch and transformers: not needed to read or score results
 
     if temperature <= 0 and n > 1:
         raise UserError(f"n={n} samples at temperature 0 are all the same completion; use --temperature > 0 or --n 1")
@@ -370,10 +361,6 @@ def evaluate_model(spec_or_model: Any, tasks: Sequence[Any], *, tokenizer=None, 
     # draw every task's examples before loading the model, so a missing data file fails at once
     drawn = [(task, task.examples(split, limit, seed)) for task in built]
 
-    if not progress:
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()
     if spec is not None:
         model, tokenizer = models.load(spec, dtype=dtype, threads=threads, device=device)
     else:
@@ -413,7 +400,7 @@ def markdown_table(report: dict) -> str:
     cols = ["task", "problems", "n"] + (["greedy"] if report["settings"].get("greedy") else []) + [f"pass@{k}" for k in ks] \
         + [f"maj@{k}" for k in ks if k > 1] + [f"chance pass@{ks[-1]}", "entropy", "distinct correct", "format", "tokens",
                                                  "truncated"]
-    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+    rows = []
     for name, t in report["tasks"].items():
         s = t["summary"]
         row = [name, str(s.get("problems", 0)), str(s.get("n", ""))]
@@ -424,7 +411,7 @@ def markdown_table(report: dict) -> str:
         row += ["" if chance is None else f"{chance:.3f}"]
         row += [f"{s['entropy']:.3f}", f"{s['distinct_correct']:.2f}", f"{s['format_rate']:.2f}", f"{s['mean_tokens']:.1f}",
                 f"{s['truncated']:.2f}"]
-        lines.append("| " + " | ".join(row) + " |")
+        rows.append(row)
     m = report["model"]
     st = report["settings"]
     head = (f"# Evaluation of `{m['spec']}` (fingerprint {m['fingerprint']})\n\n"
@@ -432,17 +419,15 @@ def markdown_table(report: dict) -> str:
             f"seed {st['seed']}; greedy = temperature-0 accuracy; entropy = token-weighted mean next-token entropy (nats); "
             f"distinct correct = distinct correct final answers per problem; chance = pass@k of uniform guessing "
             f"(multiple-choice tasks).\n\n")
-    return head + "\n".join(lines) + "\n"
+    return head + table(cols, rows)
 
 
 def plot_pass_at_k(report: dict, path: str | Path) -> None:
     """pass@k against k (1..n, log scale) for every task, requested k values marked, chance dashed."""
-    import matplotlib
+    import matplotlib  # plotting only: matplotlib is heavy to import
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from evolm import metrics
 
     fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
     for name, t in report["tasks"].items():
@@ -473,87 +458,9 @@ def plot_pass_at_k(report: dict, path: str | Path) -> None:
 
 def write_outputs(report: dict, out_dir: str | Path) -> Path:
     """Write eval.json, eval.md and passk.png into ``out_dir`` (atomically for the text files)."""
-    from evolm.runs import atomic_write_json, atomic_write_text
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / "eval.json", report)
     atomic_write_text(out / "eval.md", markdown_table(report))
     plot_pass_at_k(report, out / "passk.png")
     return out
-
-
-# -- command line ----------------------------------------------------------------------------------
-
-
-def _parse_ks(text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise UserError(f"--k expects comma-separated integers such as 1,16,32 (got '{text}')") from None
-
-
-def _parse_task_params(items: list[str]) -> dict[str, dict]:
-    from evolm.config import _parse_value
-
-    out: dict[str, dict] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        task, dot, param = key.strip().partition(".")
-        if not sep or not dot or not task or not param:
-            raise UserError(f"--task-param expects TASK.KEY=VALUE, e.g. gpqa.path=~/gpqa_diamond.csv (got '{item}')")
-        out.setdefault(task, {})[param] = _parse_value(value.strip())
-    return out
-
-
-def _cmd_eval(args) -> int:
-    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
-    if not tasks:
-        raise UserError("--tasks needs at least one task name, e.g. --tasks csqa,arc_easy")
-    out_dir = Path(args.out) if args.out else default_out_dir(args.model)
-    report = evaluate_model(args.model, tasks, n=args.n, ks=_parse_ks(args.k), temperature=args.temperature, top_p=args.top_p,
-                            max_new_tokens=args.max_new_tokens, limit=args.limit, split=args.split, seed=args.seed,
-                            greedy=not args.no_greedy, task_params=_parse_task_params(args.task_param), out_dir=out_dir,
-                            cache_dir=args.cache_dir, use_cache=not args.no_cache, batch_size=args.batch_size,
-                            dtype=args.dtype, device=args.device, threads=args.threads, progress=not args.no_progress)
-    print(markdown_table(report))
-    print(f"wrote {out_dir / 'eval.json'}, {out_dir / 'eval.md'} and {out_dir / 'passk.png'}")
-    return 0
-
-
-def add_cli(subparsers) -> None:
-    from evolm.models import DEFAULT_MODEL
-
-    p = subparsers.add_parser(
-        "eval", help="pass@k, maj@k, greedy accuracy and token entropy of a model on held-out tasks",
-        description="Sample --n completions per problem and report pass@k (unbiased estimator), maj@k (expected "
-                    "majority vote over k-subsets), greedy accuracy, token-weighted entropy and distinct correct answers. "
-                    "Writes eval.json, eval.md and passk.png. Generations are cached per model fingerprint, so an "
-                    "interrupted eval resumes and a base model's samples are reused. Tasks: csqa, arc_easy, arc_challenge, "
-                    "sst2, gsm8k, math500 (bundled), hotpotqa and gpqa (your files: --task-param gpqa.path=FILE), and any "
-                    "other registered task.")
-    p.add_argument("--model", "-m", default=DEFAULT_MODEL,
-                   help=f"model spec (embedded name, model dir, .gguf, hub id) or an evolm run directory, whose final/ "
-                        f"weights are used (default: {DEFAULT_MODEL})")
-    p.add_argument("--tasks", "-t", default="csqa,arc_easy", help="comma-separated task names (default: csqa,arc_easy)")
-    p.add_argument("--n", type=int, default=32, help="samples per problem (default: 32)")
-    p.add_argument("--k", default="1,16,32", help="comma-separated k values for pass@k and maj@k, each <= n (default: 1,16,32)")
-    p.add_argument("--temperature", "-T", type=float, default=1.0, help="sampling temperature (default: 1.0)")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default: 1.0)")
-    p.add_argument("--max-new-tokens", type=int, default=0, help="completion length limit (default 0: each task's own default)")
-    p.add_argument("--limit", "-l", type=int, default=None, help="problems per task: a seeded subset (default: the whole split)")
-    p.add_argument("--split", default="test", help="split to evaluate (default: test, which is validation for csqa and sst2)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the problem subset and of sampling (default: 0)")
-    p.add_argument("--task-param", action="append", default=[], metavar="TASK.KEY=VALUE",
-                   help="a task parameter, e.g. gpqa.path=~/gpqa_diamond.csv or hotpotqa.context=none (repeatable)")
-    p.add_argument("--no-greedy", action="store_true", help="skip the greedy (temperature 0) accuracy pass")
-    p.add_argument("--out", "-o", default=None,
-                   help="output directory (default: RUN_DIR/eval for a run directory, else runs/eval-<model>-<time>)")
-    p.add_argument("--cache-dir", default=None, help="generation cache directory (default: $EVOLM_CACHE/generations)")
-    p.add_argument("--no-cache", action="store_true", help="neither read nor write the generation cache")
-    p.add_argument("--batch-size", type=int, default=32, help="sequences per generate() batch (default: 32)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="model dtype (default: float32)")
-    p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: 1)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    p.set_defaults(func=_cmd_eval)

@@ -48,17 +48,20 @@ Design decisions:
 
 from __future__ import annotations
 
-import argparse
-import math
+import hashlib
+import json
 import sys
+import tempfile
 import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal
 
-from evolm.config import EvalConfig, GenerationConfig, ModelConfig, ProbeConfig, RunConfig, TaskConfig, _require
+from evolm.config import EvalConfig, GenerationConfig, ModelConfig, ProbeConfig, RunConfig, TaskConfig, require
 from evolm.errors import UserError
+from evolm.heldout import probe_record
+from evolm.runs import RunDir, TrainResult, save_model_dir, train_record
 
 METHOD = "grpo"
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
@@ -88,7 +91,7 @@ class GRPOSection:
     num_generations: int = 8
     """Completions sampled per prompt (the group size G, >= 2)."""
     prompts_per_step: int = 4
-    """Training problems per update; one update samples prompts_per_step x num_generations completions. With 1, many groups have equal rewards and SmolLM2-135M did not learn 2-digit addition in 20 updates; 4 did (docs/grpo.md)."""
+    """Training problems per update; one update samples prompts_per_step x num_generations completions. With 1, many groups have equal rewards (no advantage signal); docs/grpo.md has the measured effect."""
     temperature: float = 1.0
     """Sampling temperature of the training rollouts (> 0); TRL also divides the policy logits by it in the loss."""
     top_p: float = 1.0
@@ -109,25 +112,25 @@ class GRPOSection:
     """Training problems drawn from the task's train split (0: steps x prompts_per_step, so no problem repeats)."""
 
     def validate(self, p: str) -> None:
-        _require(self.steps >= 1, f"{p}.steps must be >= 1 (got {self.steps})")
-        _require(self.lr > 0, f"{p}.lr must be > 0 (got {self.lr})")
-        _require(self.loss_type in LOSS_TYPES, f"{p}.loss_type must be one of {list(LOSS_TYPES)} (got '{self.loss_type}')")
-        _require(self.beta >= 0, f"{p}.beta must be >= 0 (got {self.beta})")
-        _require(self.num_generations >= 2, f"{p}.num_generations must be >= 2: GRPO compares completions within a group (got {self.num_generations})")
-        _require(self.prompts_per_step >= 1, f"{p}.prompts_per_step must be >= 1 (got {self.prompts_per_step})")
-        _require(self.temperature > 0, f"{p}.temperature must be > 0: GRPO samples its rollouts (got {self.temperature})")
-        _require(0 < self.top_p <= 1, f"{p}.top_p must be in (0, 1] (got {self.top_p})")
-        _require(self.max_completion_length >= 1, f"{p}.max_completion_length must be >= 1 (got {self.max_completion_length})")
-        _require(self.gradient_accumulation_steps >= 1,
-                 f"{p}.gradient_accumulation_steps must be >= 1 (got {self.gradient_accumulation_steps})")
+        require(self.steps >= 1, f"{p}.steps must be >= 1 (got {self.steps})")
+        require(self.lr > 0, f"{p}.lr must be > 0 (got {self.lr})")
+        require(self.loss_type in LOSS_TYPES, f"{p}.loss_type must be one of {list(LOSS_TYPES)} (got '{self.loss_type}')")
+        require(self.beta >= 0, f"{p}.beta must be >= 0 (got {self.beta})")
+        require(self.num_generations >= 2, f"{p}.num_generations must be >= 2: GRPO compares completions within a group (got {self.num_generations})")
+        require(self.prompts_per_step >= 1, f"{p}.prompts_per_step must be >= 1 (got {self.prompts_per_step})")
+        require(self.temperature > 0, f"{p}.temperature must be > 0: GRPO samples its rollouts (got {self.temperature})")
+        require(0 < self.top_p <= 1, f"{p}.top_p must be in (0, 1] (got {self.top_p})")
+        require(self.max_completion_length >= 1, f"{p}.max_completion_length must be >= 1 (got {self.max_completion_length})")
+        require(self.gradient_accumulation_steps >= 1,
+                f"{p}.gradient_accumulation_steps must be >= 1 (got {self.gradient_accumulation_steps})")
         batch = self.prompts_per_step * self.num_generations
-        _require(batch % self.gradient_accumulation_steps == 0,
-                 f"{p}.gradient_accumulation_steps={self.gradient_accumulation_steps} must divide the batch "
-                 f"prompts_per_step x num_generations = {batch}")
-        _require(self.epsilon > 0, f"{p}.epsilon must be > 0 (got {self.epsilon})")
-        _require(self.max_grad_norm >= 0, f"{p}.max_grad_norm must be >= 0 (got {self.max_grad_norm})")
-        _require(self.train_examples == 0 or self.train_examples >= self.prompts_per_step,
-                 f"{p}.train_examples must be 0 or >= prompts_per_step={self.prompts_per_step} (got {self.train_examples})")
+        require(batch % self.gradient_accumulation_steps == 0,
+                f"{p}.gradient_accumulation_steps={self.gradient_accumulation_steps} must divide the batch "
+                f"prompts_per_step x num_generations = {batch}")
+        require(self.epsilon > 0, f"{p}.epsilon must be > 0 (got {self.epsilon})")
+        require(self.max_grad_norm >= 0, f"{p}.max_grad_norm must be >= 0 (got {self.max_grad_norm})")
+        require(self.train_examples == 0 or self.train_examples >= self.prompts_per_step,
+                f"{p}.train_examples must be 0 or >= prompts_per_step={self.prompts_per_step} (got {self.train_examples})")
 
 
 @dataclass
@@ -150,11 +153,11 @@ class GRPOJob:
 
     def validate_job(self) -> None:
         device = self.model.device
-        _require(device in ("cpu", "cuda", "cuda:0", "mps"),
-                 f"model.device '{device}' is not supported by evolm grpo: use cpu, cuda or mps "
+        require(device in ("cpu", "cuda", "cuda:0", "mps"),
+                f"model.device '{device}' is not supported by evolm grpo: use cpu, cuda or mps "
                  "(pick the GPU with CUDA_VISIBLE_DEVICES)")
-        _require(not (self.grpo.bf16 and self.model.dtype != "float32"),
-                 f"grpo.bf16 autocast needs model.dtype = float32 master weights (got {self.model.dtype})")
+        require(not (self.grpo.bf16 and self.model.dtype != "float32"),
+                f"grpo.bf16 autocast needs model.dtype = float32 master weights (got {self.model.dtype})")
 
 
 def train_count(g: GRPOSection) -> int:
@@ -241,10 +244,7 @@ def make_dataset(rows: dict[str, list]):
     3.12 + pyarrow combinations (seen on the GPU machine: "Can't pickle <class 'MonthDayNano'>"); a
     SHA-256 of the rows' JSON is as deterministic and needs no pickling.
     """
-    import hashlib
-    import json
-
-    from datasets import Dataset
+    from datasets import Dataset  # the `grpo` extra
     from datasets.table import InMemoryTable
 
     fingerprint = hashlib.sha256(json.dumps(rows, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -293,14 +293,6 @@ def make_reward_fn(task, examples: list, tokenizer, meter: RolloutMeter | None =
 # metrics records
 
 
-def peak_rss_mb() -> float:
-    """Peak resident set size of this process so far, in MiB."""
-    import resource
-
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / 2**20 if sys.platform == "darwin" else peak / 1024
-
-
 # TRL log key -> evolm record field
 TRL_FIELDS = {
     "loss": "loss",
@@ -315,38 +307,20 @@ TRL_FIELDS = {
 
 
 def step_record(step: int, rollouts: RolloutMeter, trl_logs: dict, seconds: float, totals: dict) -> dict:
-    """One training record of metrics.jsonl (pure). ``totals`` holds the running totals after this step."""
+    """One training record of metrics.jsonl (``runs.train_record``; ``totals`` after this step)."""
     n = len(rollouts.rewards)
-    mean = sum(rollouts.rewards) / n if n else float("nan")
-    std = math.sqrt(sum((r - mean) ** 2 for r in rollouts.rewards) / n) if n else float("nan")
-    record = {
-        "step": step,
-        "method": METHOD,
-        "kind": "train",
-        "reward_mean": mean,
-        "reward_std": std,
-        "reward_min": min(rollouts.rewards) if n else float("nan"),
-        "reward_max": max(rollouts.rewards) if n else float("nan"),
-        "accuracy": sum(rollouts.correct) / n if n else float("nan"),
-        "seconds": seconds,
-        "seconds_total": totals["seconds_total"],
-        "gen_sequences": n,
-        "gen_tokens": sum(rollouts.tokens),
-        "gen_sequences_total": totals["gen_sequences_total"],
-        "gen_tokens_total": totals["gen_tokens_total"],
-        "peak_rss_mb": peak_rss_mb(),
-    }
-    for key, name in TRL_FIELDS.items():
-        if trl_logs.get(key) is not None:
-            record[name] = float(trl_logs[key])
-    return record
+    extra = {"accuracy": sum(rollouts.correct) / n if n else None}
+    extra.update({name: float(trl_logs[key]) for key, name in TRL_FIELDS.items() if trl_logs.get(key) is not None})
+    return train_record(step, METHOD, rollouts.rewards, seconds=seconds, gen_sequences=n, gen_tokens=sum(rollouts.tokens),
+                        totals=totals, **extra)
 
 
 # --------------------------------------------------------------------------------------------------
 # training
 
 
-def _import_trl():
+def import_trl():
+    """TRL, or a one-line error naming the extra to install; warns on an untested TRL version."""
     try:
         import datasets  # noqa: F401
         import trl
@@ -358,11 +332,28 @@ def _import_trl():
     return trl
 
 
-def _make_callback(trainer_ref: dict, run, cfg: GRPOJob, meter: RolloutMeter, totals: dict, probe):
+def training_examples(cfg: GRPOJob, task) -> list:
+    """The run's training problems, in order (checked before the run directory is created)."""
+    g = cfg.grpo
+    examples = task.examples("train", train_count(g), cfg.run.seed)
+    if len(examples) < g.prompts_per_step:
+        raise UserError(f"task '{task.name}' gave {len(examples)} training problems; an update needs "
+                        f"grpo.prompts_per_step={g.prompts_per_step}")
+    return examples
+
+
+def check_resumable(start) -> None:
+    """A GRPO checkpoint must hold the Trainer's resume files besides the weights."""
+    if start.checkpoint is not None:
+        missing = [f for f in TRAINER_FILES if not (start.checkpoint / f).exists()]
+        if missing:
+            raise UserError(f"checkpoint {start.checkpoint} lacks {', '.join(missing)}; it cannot be resumed faithfully")
+
+
+def _make_callback(trainer_ref: dict, run: RunDir, cfg: GRPOJob, meter: RolloutMeter, totals: dict, probe,
+                   progress: bool):
     """The TrainerCallback that writes metrics, probes and checkpoints after every optimizer step."""
     from transformers import TrainerCallback
-
-    from evolm.heldout import probe_record
 
     g = cfg.grpo
 
@@ -408,160 +399,64 @@ def _make_callback(trainer_ref: dict, run, cfg: GRPOJob, meter: RolloutMeter, to
                                     keep=cfg.run.keep_checkpoints, write_extra=write_trainer_files)
             self.session_seconds += self.seconds
             self.session_steps += 1
-            if cfg.run.progress:
+            if progress:
                 eta = (g.steps - step) * self.session_seconds / self.session_steps
-                print(f"[grpo] step {step}/{g.steps}  reward {record['reward_mean']:.3f}  acc {record['accuracy']:.2f}  "
+                reward = "nan" if record["reward_mean"] is None else f"{record['reward_mean']:.3f}"
+                accuracy = "nan" if record["accuracy"] is None else f"{record['accuracy']:.2f}"
+                print(f"[grpo] step {step}/{g.steps}  reward {reward}  acc {accuracy}  "
                       f"loss {record.get('loss', float('nan')):+.4f}  {self.seconds:.1f} s  eta {eta / 60:.1f} min  "
                       f"rss {record['peak_rss_mb']:.0f} MB", flush=True)
 
     return RunDirCallback()
 
 
-def _open_or_create_run(cfg: GRPOJob, run_dir, resume, info: dict):
-    """(RunDir, checkpoint dir or None, checkpoint state) for a fresh or resumed run."""
-    from evolm import config
-    from evolm.runs import RunDir, atomic_write_text
+def train(cfg: GRPOJob, comps, run: RunDir, start, examples: list, *, probe: Callable | None = None,
+          callbacks: list = (), fresh_start: bool = False, quiet: bool = False):
+    """GRPO updates ``start.step`` .. ``grpo.steps`` with TRL's GRPOTrainer on ``comps`` (a ``jobs.Components``).
 
-    if resume is not None:
-        run = resume if isinstance(resume, RunDir) else RunDir.open(resume)
-        kind = run.info().get("kind")
-        if kind not in (None, METHOD):
-            raise UserError(f"{run.path} is a '{kind}' run, not a GRPO run; resume it with `evolm {kind} --resume`")
-        atomic_write_text(run.config_path, config.to_toml(cfg))
-        latest = run.latest_checkpoint()
-        if latest is None:
-            run.truncate_after(0)  # keeps the step-0 held-out records (eval before, first probe)
-            run.update_info(status="running", resumed_from_step=0)
-            return run, None, {}
-        ckpt, state = latest
-        missing = [f for f in TRAINER_FILES if not (ckpt / f).exists()]
-        if missing:
-            raise UserError(f"checkpoint {ckpt} lacks {', '.join(missing)}; it cannot be resumed faithfully")
-        run.truncate_after(int(state["step"]))
-        run.update_info(status="running", resumed_from_step=int(state["step"]))
-        return run, ckpt, state
-    if run_dir is not None:
-        path = Path(run_dir.path if isinstance(run_dir, RunDir) else run_dir)
-        out_dir, name = path.parent, path.name
-    else:
-        out_dir, name = Path(cfg.run.out_dir), cfg.run.name
-    run = RunDir.create(out_dir, name, config.to_toml(cfg), kind=METHOD, info=info)
-    return run, None, {}
-
-
-def run_grpo(cfg: GRPOJob, model=None, tokenizer=None, task=None, run_dir=None, init_state_dict=None,
-             probe: Callable | None = None, resume=None, callbacks: list | None = None):
-    """Train with TRL's GRPOTrainer and write a run directory; returns its ``RunDir``.
-
-    - ``model``/``tokenizer``: use these objects instead of loading ``cfg.model.spec``.
-    - ``task``: a ``Task`` instead of building ``cfg.task`` with ``evolm.tasks.make_task``.
-    - ``run_dir``: directory to create, absent or empty (default ``cfg.run.out_dir / cfg.run.name``).
-    - ``init_state_dict``: starting weights loaded into the model before training (pipelines).
-    - ``probe(model, step) -> dict``: held-out probe, logged at step 0, every ``probe.every`` updates
-      and at the end (default: ``heldout.make_probe`` from ``[probe]``, None when ``probe.every = 0``).
-    - ``resume``: a GRPO ``RunDir`` (or path) to continue from its newest checkpoint up to ``grpo.steps``.
-      Pass the same ``model``/``init_state_dict`` as the original call (they define the starting
-      weights, and with ``beta > 0`` the reference); the checkpoint's weights replace them.
-    - ``callbacks``: extra ``transformers.TrainerCallback`` objects (tests use one to interrupt a run).
+    ``start.checkpoint`` (on resume) goes to ``Trainer.train(resume_from_checkpoint=...)``, which
+    restores weights, AdamW state, schedule, RNG and data position. ``fresh_start``: the starting
+    weights are not those of ``model.config._name_or_path`` (an injected model or state dict), so with
+    ``beta > 0`` they are saved as the KL reference first.
     """
-    import tempfile
-
-    import torch
-
-    from evolm import models
-    from evolm.backends import make_generator
-    from evolm.config import validate
-    from evolm.heldout import heldout_eval, make_probe, probe_record
-    from evolm.plots import plot_training
-    from evolm.runs import save_model_dir
-    from evolm.tasks import make_task
-
-    validate(cfg)
-    trl = _import_trl()
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
+
+    trl = import_trl()
     g = cfg.grpo
-    torch.set_num_threads(cfg.model.threads)
-    if task is None:
-        task = make_task(cfg.task.name, reward=cfg.task.reward, system_prompt=cfg.task.system_prompt, **cfg.task.params)
-    injected = model is not None
-    if model is None:
-        model, loaded_tok = models.load(cfg.model.spec, dtype=cfg.model.dtype, threads=cfg.model.threads,
-                                        device=cfg.model.device)
-        tokenizer = tokenizer or loaded_tok
-    if tokenizer is None:
-        raise UserError("run_grpo: pass the tokenizer together with an injected model")
-    if init_state_dict is not None:
-        model.load_state_dict(init_state_dict)
-
-    run, ckpt, ckpt_state = _open_or_create_run(cfg, run_dir, resume, info={"model": cfg.model.spec, "task": task.name})
-    start_step = int(ckpt_state.get("step", 0))
-    totals = {k: ckpt_state.get(k, 0) for k in ("seconds_total", "gen_sequences_total", "gen_tokens_total")}
+    model, tokenizer, task = comps.model, comps.tokenizer, comps.task
+    totals = {k: start.state.get(k, 0) for k in ("seconds_total", "gen_sequences_total", "gen_tokens_total")}
     totals["seconds_total"] = float(totals["seconds_total"])
-
-    examples = task.examples("train", train_count(g), cfg.run.seed)
-    if len(examples) < g.prompts_per_step:
-        raise UserError(f"task '{task.name}' gave {len(examples)} training problems; an update needs "
-                        f"grpo.prompts_per_step={g.prompts_per_step}")
     dataset = make_dataset(training_rows(task, examples, tokenizer))
     meter = RolloutMeter()
     reward_fn = make_reward_fn(task, examples, tokenizer, meter)
-
-    generator = None
-    if cfg.eval.before_after or (probe is None and cfg.probe.every):
-        generator = make_generator(cfg.generation.backend, model, tokenizer, cfg.generation.batch_size,
-                                   cfg.generation.prefix_cache)
-    if probe is None:
-        probe = make_probe(cfg, tokenizer, generator, task)
-    logged = {(r.get("kind"), r.get("step")) for r in run.metrics()}
-    if cfg.eval.before_after and start_step == 0 and ("eval", 0) not in logged:
-        heldout_eval(cfg, model, tokenizer, generator, task, run, label="before", step=0, say=_say(cfg))
-    if probe is not None and start_step == 0 and ("probe", 0) not in logged:
-        run.log_metrics(probe_record(probe, model, 0, METHOD))
 
     name_or_path = model.config._name_or_path
     use_cache = getattr(model.config, "use_cache", None)  # TRL turns it off for gradient checkpointing
     if g.beta > 0:
         reference = run.path / "reference"
-        if injected or init_state_dict is not None or not (Path(name_or_path or "_") / "config.json").exists():
+        if fresh_start or not (Path(name_or_path or "_") / "config.json").exists():
             if not (reference / "config.json").exists():
                 save_model_dir(reference, model, None, extra={})
             model.config._name_or_path = str(reference)
 
     trainer_ref: dict = {}
-    callback = _make_callback(trainer_ref, run, cfg, meter, totals, probe)
+    callback = _make_callback(trainer_ref, run, cfg, meter, totals, probe, progress=cfg.run.progress and not quiet)
     with tempfile.TemporaryDirectory(prefix="evolm-trl-") as trl_out, warnings.catch_warnings():
         # TRL 1.16 toggles checkpointing around every generate() through transformers' deprecated names
         warnings.filterwarnings("ignore", message=r".*gradient_checkpointing.*deprecated", category=FutureWarning)
         args = trl.GRPOConfig(**trl_args(cfg, trl_out))
         trainer = trl.GRPOTrainer(model=model, reward_funcs=[reward_fn], args=args, train_dataset=dataset,
-                                  processing_class=tokenizer, callbacks=[callback, *(callbacks or [])])
+                                  processing_class=tokenizer, callbacks=[callback, *callbacks])
         model.config._name_or_path = name_or_path
         trainer_ref["trainer"] = trainer
         for cb in (PrinterCallback, ProgressCallback):
             trainer.remove_callback(cb)
-        if start_step < g.steps:
-            try:
-                trainer.train(resume_from_checkpoint=str(ckpt) if ckpt is not None else None)
-            except BaseException as e:
-                run.update_info(status="interrupted", stopped_at_step=int(trainer.state.global_step), error=repr(e))
-                raise
-        final_step = max(start_step, int(trainer.state.global_step))
-
+        if start.step < g.steps:
+            trainer.train(resume_from_checkpoint=str(start.checkpoint) if start.checkpoint is not None else None)
+        final_step = max(start.step, int(trainer.state.global_step))
     _restore_plain_model(model, use_cache)
-    logged_probes = {r["step"] for r in run.metrics() if r.get("kind") == "probe"}
-    if probe is not None and final_step not in logged_probes:
-        run.log_metrics(probe_record(probe, model, final_step, METHOD))
-    run.save_final(model, tokenizer, state={"step": final_step, "method": METHOD, **totals})
-    if cfg.eval.before_after:
-        heldout_eval(cfg, model, tokenizer, generator, task, run, label="after", step=final_step, say=_say(cfg))
-    plot_training(run)
-    run.finish(steps=final_step, peak_rss_mb=peak_rss_mb(), **totals)
-    return run
-
-
-def _say(cfg):
-    return (lambda *a: print(*a, flush=True)) if cfg.run.progress else (lambda *a: None)
+    return TrainResult(steps=final_step, final_model=model, totals=totals)
 
 
 def _restore_plain_model(model, use_cache: bool | None) -> None:
@@ -579,44 +474,5 @@ def _restore_plain_model(model, use_cache: bool | None) -> None:
     model.eval()
 
 
-# --------------------------------------------------------------------------------------------------
-# command line
-
-
-def _cmd_grpo(args) -> int:
-    from evolm import config
-    from evolm.runs import RunDir
-
-    if args.resume:
-        run = RunDir.open(args.resume)
-        cfg = config.load(GRPOJob, run.config_path, args.overrides)
-        out = run_grpo(cfg, resume=run)
-    elif not args.config:
-        raise UserError("evolm grpo needs --config FILE (or --resume RUN_DIR); `evolm config grpo` prints every field")
-    else:
-        cfg = config.load(GRPOJob, args.config, args.overrides)
-        out = run_grpo(cfg)
-    print(out.path)
-    return 0
-
-
-def add_cli(sub) -> None:
-    p = sub.add_parser(
-        "grpo", help="GRPO post-training (TRL GRPOTrainer) from a TOML config",
-        description="Train with Hugging Face TRL's GRPOTrainer on the same model, task and reward as ES. Writes "
-                    "runs/<name>/ (config.toml, run.json, metrics.jsonl with per-update cost, checkpoints/, final/) "
-                    "in the same format as `evolm es`, and prints the run directory. `evolm config grpo` lists "
-                    "every field.",
-        epilog="example: evolm grpo --config configs/grpo-arithmetic.toml --set grpo.steps=5",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", "-c", metavar="FILE", help="TOML config file (see `evolm config grpo`)")
-    p.add_argument("--set", "-s", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config field, e.g. --set grpo.lr=2e-5 (repeatable; values are TOML literals)")
-    p.add_argument("--resume", metavar="RUN_DIR",
-                   help="continue a killed GRPO run from its newest checkpoint (weights, AdamW state, RNG and data "
-                        "position are restored); --set grpo.steps=N extends the budget")
-    p.set_defaults(func=_cmd_grpo)
-
-
-__all__ = ["GRPOSection", "GRPOJob", "run_grpo", "trl_args", "training_rows", "make_reward_fn", "step_record",
-           "RolloutMeter", "LOSS_TYPES", "add_cli"]
+__all__ = ["GRPOSection", "GRPOJob", "train", "trl_args", "training_rows", "make_reward_fn", "step_record",
+           "RolloutMeter", "LOSS_TYPES", "import_trl", "training_examples", "check_resumable"]

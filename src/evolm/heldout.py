@@ -23,21 +23,22 @@ log probes with ``probe_record``, so ES and GRPO probe records have the same fie
 from __future__ import annotations
 
 import contextlib
+import random
 import time
 from typing import Callable, Iterator
 
+import numpy as np
+import torch
+
 from evolm.backends.base import SamplingParams
+from evolm.evaluate import evaluate_task
 from evolm.seeding import seed31
+from evolm.tasks import make_task
 
 
 @contextlib.contextmanager
 def isolated(model) -> Iterator[None]:
     """Eval mode, no gradients, forked random state; the model's train/eval mode is restored after."""
-    import random
-
-    import numpy as np
-    import torch
-
     was_training = model.training
     py_state, np_state = random.getstate(), np.random.get_state()
     devices = [torch.cuda.current_device()] if torch.cuda.is_available() and next(model.parameters()).is_cuda else []
@@ -62,8 +63,6 @@ def probe_record(probe: Callable, model, step: int, method: str) -> dict:
 
 
 def _task_for(name: str, params: dict, train_task, reward: str):
-    from evolm.tasks import make_task
-
     if not name or name == train_task.name and not params:
         return train_task
     return make_task(name, reward, None, **params)
@@ -71,8 +70,6 @@ def _task_for(name: str, params: dict, train_task, reward: str):
 
 def _measure(generator, task, tokenizer, seed: int, count: int, n: int, ks, temperature: float, top_p: float,
              max_new_tokens: int, greedy: bool, progress: bool) -> dict:
-    from evolm.evaluate import evaluate_task
-
     examples = task.examples("test", count, seed=seed31(seed, "heldout", task.name))
     sampling = SamplingParams(n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
                               seed=seed31(seed, "heldout-sampling"), return_entropy=True)
@@ -114,3 +111,4 @@ def make_probe(cfg, tokenizer, generator, train_task) -> Callable[[object, int],
         return out
 
     return probe
+

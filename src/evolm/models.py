@@ -181,7 +181,7 @@ def local_dir(spec: str) -> str:
     return resolved.location
 
 
-def _hub_reachable(timeout_s: float = 3.0) -> bool:
+def hub_reachable(timeout_s: float = 3.0) -> bool:
     if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
         return False
     try:
@@ -198,7 +198,7 @@ def _from_pretrained(cls, location: str, kind: str, spec: str, **kwargs):
         return cls.from_pretrained(location, local_files_only=True, **kwargs)
     except OSError:
         pass
-    if not _hub_reachable():
+    if not hub_reachable():
         raise UserError(f"cannot reach the Hugging Face hub to download '{spec}' (offline); "
                         "pass a local model directory or .gguf file instead")
     return cls.from_pretrained(location, **kwargs)

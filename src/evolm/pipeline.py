@@ -3,13 +3,14 @@
 ``evolm pipeline --config FILE`` runs e.g. ``stages = ["grpo:0.5", "es:0.5"]`` of ``budget = 20``
 updates (10 GRPO optimizer steps, then 10 ES iterations), or an interleaved schedule
 (``["grpo:5", "es:5"]`` with ``interleave = true``, repeated until the budget is spent).
-``--sweep-splits 0.25,0.5,0.75 --orders grpo-es,es-grpo`` runs a grid of GRPO shares and orders.
+``--sweep-splits 0.25,0.5,0.75 --orders grpo-es,es-grpo`` runs a grid of GRPO shares and orders as an
+ordinary ``evolm sweep`` of pipelines (``sweep.split_points``).
 
 Design decisions:
 
 - One update is one ES iteration or one GRPO optimizer step (the budget ES and GRPO already share).
   ``plan_stages`` turns the stage list into exact update counts (pure; rounding rule in its docstring).
-- A stage is an ordinary ES or GRPO run made by ``run_es`` / ``run_grpo`` in
+- A stage is an ordinary ES or GRPO run made by ``jobs.run_es`` / ``jobs.run_grpo`` in
   ``<run>/stages/NN-<method>/``, with a config derived from the pipeline's (``stage_config``): the
   stage's updates as ``es.iterations`` / ``grpo.steps`` and a seed derived from ``run.seed`` and the
   stage index (``seeding.seed31``), so two ES stages never reuse noise keys and two GRPO stages never
@@ -35,11 +36,12 @@ Design decisions:
   model is loaded from the last finished stage's ``final/``; the interrupted stage continues through
   its own resume path (``run_es(resume=...)`` / ``run_grpo(resume=...)``). The plan may grow on
   resume (a larger budget) but may not rewrite stages that have finished.
+- The run around the stages is the shared lifecycle (``evolm/jobs.py``): components, run directory,
+  failure marking; the pipeline adds only its plan, the hand-over and the combined stream.
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
 import dataclasses
 import json
@@ -50,16 +52,21 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from evolm.config import (ESConfig, EvalConfig, GenerationConfig, ModelConfig, ProbeConfig, RunConfig, TaskConfig,
-                          _require)
+from evolm import config as config_mod
+from evolm import jobs, models
+from evolm.config import (ESConfig, ESJob, EvalConfig, GenerationConfig, ModelConfig, ProbeConfig, RunConfig, TaskConfig,
+                          require)
+from evolm.console import say_for
 from evolm.errors import ConfigError, UserError
-from evolm.grpo import GRPOSection
+from evolm.grpo import GRPOJob, GRPOSection
+from evolm.heldout import heldout_eval, make_probe
+from evolm.plots import plot_training
+from evolm.runs import TOTALS, RunDir, atomic_write_jsonl, load_weights, peak_rss_mb
 from evolm.seeding import seed31
 
 METHODS = ("grpo", "es")
 """Methods a stage can run."""
 KIND = "pipeline"
-SWEEP_KIND = "pipeline-sweep"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -99,13 +106,11 @@ class PipelineJob:
     pipeline: PipelineSection = field(default_factory=PipelineSection)
 
     def validate_job(self) -> None:
-        _require(self.model.dtype == "float32",
-                 f"model.dtype must be float32 in a pipeline (got {self.model.dtype}): stages hand the weights over in "
+        require(self.model.dtype == "float32",
+                f"model.dtype must be float32 in a pipeline (got {self.model.dtype}): stages hand the weights over in "
                  "memory, and ES keeps float32 masters apart from a lower-precision model")
         p = self.pipeline
         if any(s.method == "grpo" for s in plan_stages(p.stages, p.budget, p.interleave)):
-            from evolm.grpo import GRPOJob
-
             GRPOJob(run=self.run, model=self.model, grpo=self.grpo).validate_job()
 
 
@@ -238,9 +243,6 @@ def stage_seed(root: int, index: int) -> int:
 def stage_config(cfg: PipelineJob, stage: Stage, stages_dir: str | Path):
     """The ``ESJob`` or ``GRPOJob`` of one stage: the pipeline's sections with the stage's budget,
     seed and directory; held-out evaluation off (the pipeline does it once)."""
-    from evolm.config import ESJob
-    from evolm.grpo import GRPOJob
-
     run = dataclasses.replace(copy.deepcopy(cfg.run), name=stage.name, out_dir=str(stages_dir),
                               seed=stage_seed(cfg.run.seed, stage.index))
     common = dict(run=run, model=copy.deepcopy(cfg.model), task=copy.deepcopy(cfg.task),
@@ -253,10 +255,6 @@ def stage_config(cfg: PipelineJob, stage: Stage, stages_dir: str | Path):
 
 # --------------------------------------------------------------------------------------------------
 # the combined metrics stream (pure over the files)
-
-
-TOTALS = ("seconds", "gen_sequences", "gen_tokens")
-"""Per-update cost fields whose running totals (``<field>_total``) the combined stream recomputes."""
 
 
 def _eval_record(path: Path, stage: Stage) -> dict | None:
@@ -277,8 +275,6 @@ def combined_records(run_path: str | Path, plan: Sequence[Stage]) -> list[dict]:
     ``seconds_total``, ``gen_sequences_total``, ``gen_tokens_total``. A later stage's step-0 probe
     repeats the previous stage's final probe (same weights) and is left out.
     """
-    from evolm.runs import read_jsonl
-
     run_path = Path(run_path)
     out = []
     if plan:
@@ -287,7 +283,7 @@ def combined_records(run_path: str | Path, plan: Sequence[Stage]) -> list[dict]:
             out.append(before)
     totals = {k: 0 for k in TOTALS}
     for stage in plan:
-        for r in read_jsonl(run_path / "stages" / stage.name / "metrics.jsonl"):
+        for r in RunDir(run_path / "stages" / stage.name).metrics():
             if stage.index > 0 and r.get("kind") == "probe" and r.get("step") == 0:
                 continue
             rec = {"step": stage.start + int(r.get("step", 0)), "stage": stage.index, "stage_method": stage.method,
@@ -307,8 +303,6 @@ def combined_records(run_path: str | Path, plan: Sequence[Stage]) -> list[dict]:
 
 def write_combined(run, plan: Sequence[Stage]) -> None:
     """Rewrite ``<run>/metrics.jsonl`` from the stage directories (atomic)."""
-    from evolm.runs import atomic_write_jsonl
-
     atomic_write_jsonl(run.metrics_path, combined_records(run.path, plan))
 
 
@@ -352,16 +346,6 @@ class _NoLog:
         pass
 
 
-def stage_state(path: Path) -> str:
-    """``finished`` (final weights written, run.json status finished), ``started`` or ``absent``."""
-    if not (path / "config.toml").exists() or not (path / "run.json").exists():
-        return "absent"
-    info = json.loads((path / "run.json").read_text())
-    if info.get("status") == "finished" and (path / "final" / "config.json").exists():
-        return "finished"
-    return "started"
-
-
 def _plan_dicts(plan: Sequence[Stage]) -> list[dict]:
     return [dataclasses.asdict(s) | {"name": s.name} for s in plan]
 
@@ -370,7 +354,7 @@ def _check_plan_on_resume(run, plan: Sequence[Stage]) -> None:
     old = run.info().get("plan") or []
     for entry in old:
         i = entry["index"]
-        if stage_state(run.path / "stages" / entry["name"]) != "finished":
+        if RunDir(run.path / "stages" / entry["name"]).state() != "finished":
             continue
         new = plan[i] if i < len(plan) else None
         if new is None or (new.method, new.updates, new.start) != (entry["method"], entry["updates"], entry["start"]):
@@ -382,7 +366,7 @@ def _check_plan_on_resume(run, plan: Sequence[Stage]) -> None:
 def run_pipeline(cfg: PipelineJob, resume=None, *, model=None, tokenizer=None, task=None, probe=None,
                  run_dir=None, eval_before: dict | None = None,
                  on_stage_start: Callable[[Stage, Any], None] | None = None,
-                 stage_callbacks: Mapping[str, Sequence] | None = None, quiet: bool = False):
+                 stage_callbacks: Mapping[str, Sequence] | None = None, quiet: bool = False) -> RunDir:
     """Run (or resume) the pipeline ``cfg``; returns the top-level ``RunDir``.
 
     - ``model``/``tokenizer``/``task``: use these objects instead of building them from the config
@@ -390,113 +374,71 @@ def run_pipeline(cfg: PipelineJob, resume=None, *, model=None, tokenizer=None, t
     - ``probe(model, step) -> dict``: the held-out probe (default ``heldout.make_probe`` from ``[probe]``).
     - ``run_dir``: directory to create (default ``run.out_dir / run.name``).
     - ``eval_before``: an ``eval_before.json`` report of the same starting weights to reuse instead
-      of measuring it again (split sweeps share one).
+      of measuring it again (sweeps share one).
     - ``on_stage_start(stage, model)``: called just before a stage starts or resumes training.
     - ``stage_callbacks``: ``{"es": [cb(step, record), ...], "grpo": [TrainerCallback, ...]}`` passed
       to every stage of that method (tests use them to interrupt a stage).
     """
-    import torch
-
-    from evolm import config as config_mod
-    from evolm import models
-    from evolm.backends import make_generator
-    from evolm.heldout import heldout_eval, make_probe
-    from evolm.plots import plot_training
-    from evolm.runs import RunDir
-    from evolm.tasks import make_task
-
     config_mod.validate(cfg)
     p = cfg.pipeline
     plan = plan_stages(p.stages, p.budget, p.interleave)
-    say = (lambda *a: None) if quiet else (lambda *a: print(*a, flush=True))
-    torch.set_num_threads(cfg.model.threads)
-
+    say = say_for(quiet)
+    comps = jobs.build_components(cfg, model=model, tokenizer=tokenizer, task=task)
     if resume is not None:
-        run = resume if isinstance(resume, RunDir) else RunDir.open(resume)
-        kind = run.info().get("kind")
-        if kind != KIND:
-            raise UserError(f"{run.path} is a '{kind}' run, not a pipeline; resume it with `evolm {kind} --resume`")
-        _check_plan_on_resume(run, plan)
-        from evolm.runs import atomic_write_text
-
-        atomic_write_text(run.config_path, config_mod.to_toml(cfg))
-        if run.info().get("plan") != _plan_dicts(plan):
-            (run.path / "eval_after.json").unlink(missing_ok=True)
-        elif run.info().get("status") == "finished":
-            say(f"[evolm] {run.path} has already finished")
-            return run
-        run.update_info(status="running", plan=_plan_dicts(plan))
-    else:
-        if run_dir is not None:
-            path = Path(run_dir.path if isinstance(run_dir, RunDir) else run_dir)
-            out_dir, name = path.parent, path.name
-        else:
-            out_dir, name = Path(cfg.run.out_dir), cfg.run.name
-        run = RunDir.create(out_dir, name, config_mod.to_toml(cfg), kind=KIND,
-                            info={"model": cfg.model.spec, "task": cfg.task.name, "plan": _plan_dicts(plan)})
+        resume = resume if isinstance(resume, RunDir) else RunDir.open(resume)
+        jobs.check_kind(resume, KIND)
+        _check_plan_on_resume(resume, plan)
+        if resume.info().get("plan") != _plan_dicts(plan):
+            (resume.path / "eval_after.json").unlink(missing_ok=True)
+        elif resume.info().get("status") == "finished":
+            say(f"[evolm] {resume.path} has already finished")
+            return resume
+    run, _ = jobs.open_run(cfg, KIND, resume=resume, run_dir=run_dir, info={"plan": _plan_dicts(plan)})
+    run.update_info(plan=_plan_dicts(plan))
     say(f"[evolm] pipeline {run.path}: " + ", ".join(f"{s.method} x {s.updates}" for s in plan)
         + f" ({p.budget} updates)")
-
-    if model is None:
-        model, tokenizer = models.load(cfg.model.spec, dtype=cfg.model.dtype, threads=cfg.model.threads,
-                                       device=cfg.model.device)
-    if tokenizer is None:
-        raise UserError("run_pipeline: pass the tokenizer together with an injected model")
-    if task is None:
-        task = make_task(cfg.task.name, cfg.task.reward, cfg.task.system_prompt, **cfg.task.params)
-    generator = make_generator(cfg.generation.backend, model, tokenizer, cfg.generation.batch_size,
-                                   cfg.generation.prefix_cache)
     if probe is None:
-        probe = make_probe(cfg, tokenizer, generator, task)
+        probe = make_probe(cfg, comps.tokenizer, comps.generator, comps.task)
     stage_probe = StageProbe(probe) if probe is not None else None
 
-    first_state = stage_state(run.path / "stages" / plan[0].name)
-    if cfg.eval.before_after and not (run.path / "eval_before.json").exists():
-        if first_state != "absent":
-            raise UserError(f"{run.path}: eval_before.json is missing but stage {plan[0].name} has started; "
-                            "the starting weights are gone (set eval.before_after = false to continue)")
-        if eval_before is not None:
-            run.write_json("eval_before.json", eval_before)
-        else:
-            heldout_eval(cfg, model, tokenizer, generator, task, _NoLog(run), label="before", step=0, say=say)
+    with jobs.marking_failures(run):
+        first_state = RunDir(run.path / "stages" / plan[0].name).state()
+        if cfg.eval.before_after and not (run.path / "eval_before.json").exists():
+            if first_state != "absent":
+                raise UserError(f"{run.path}: eval_before.json is missing but stage {plan[0].name} has started; "
+                                "the starting weights are gone (set eval.before_after = false to continue)")
+            if eval_before is not None:
+                run.write_json("eval_before.json", eval_before)
+            else:
+                heldout_eval(cfg, comps.model, comps.tokenizer, comps.generator, comps.task, _NoLog(run), label="before",
+                             step=0, say=say)
+            write_combined(run, plan)
+        _run_stages(cfg, run, plan, comps, stage_probe, dict(stage_callbacks or {}), on_stage_start, quiet, say)
+
+        totals = {f"{k}_total": 0 for k in TOTALS}
+        for r in combined_records(run.path, plan):
+            if r.get("kind") == "train":
+                totals = {k: r[k] for k in totals}
+        run.save_final(comps.model, comps.tokenizer, {"step": p.budget, "method": KIND, "plan": _plan_dicts(plan), **totals})
+        if cfg.eval.before_after and not (run.path / "eval_after.json").exists():
+            heldout_eval(cfg, comps.model, comps.tokenizer, comps.generator, comps.task, _NoLog(run), label="after",
+                         step=p.budget, say=say)
         write_combined(run, plan)
-
-    try:
-        _run_stages(cfg, run, plan, model, tokenizer, task, generator, stage_probe, dict(stage_callbacks or {}),
-                    on_stage_start, quiet, say)
-    except BaseException as e:
-        run.update_info(status="interrupted", error=repr(e))
-        raise
-
-    totals = {f"{k}_total": 0 for k in TOTALS}
-    for r in combined_records(run.path, plan):
-        if r.get("kind") == "train":
-            totals = {k: r[k] for k in totals}
-    run.save_final(model, tokenizer, {"step": p.budget, "method": KIND, "plan": _plan_dicts(plan), **totals})
-    if cfg.eval.before_after and not (run.path / "eval_after.json").exists():
-        heldout_eval(cfg, model, tokenizer, generator, task, _NoLog(run), label="after", step=p.budget, say=say)
-    write_combined(run, plan)
-    plot_training(run)
-    from evolm.es.engine import peak_rss_mb
-
-    run.finish(steps=p.budget, peak_rss_mb=peak_rss_mb(), **totals)
+        plot_training(run)
+        run.finish(steps=p.budget, peak_rss_mb=peak_rss_mb(), **totals)
     say(f"[evolm] pipeline done: {run.path} (final weights in {run.path / 'final'})")
     return run
 
 
-def _run_stages(cfg, run, plan, model, tokenizer, task, generator, stage_probe, callbacks, on_stage_start, quiet, say):
+def _run_stages(cfg, run, plan, comps, stage_probe, callbacks, on_stage_start, quiet, say):
     """Run every stage of ``plan`` that has not finished; the model ends with the last stage's weights."""
-    from evolm import config as config_mod
-    from evolm import models
-    from evolm.runs import load_weights
-    from evolm.runs import RunDir
-
+    model, generator = comps.model, comps.generator
     fingerprints = dict(run.info().get("fingerprints") or {})
     pending_load: Path | None = None  # final/ of the last skipped (finished) stage
     ran_previous = False  # the previous stage ran in this process, so the model holds its final weights
     for stage in plan:
         sdir = run.path / "stages" / stage.name
-        state = stage_state(sdir)
+        state = RunDir(sdir).state()
         if state == "finished":
             say(f"[evolm] stage {stage.name}: finished earlier, skipped")
             pending_load, ran_previous = sdir / "final", False
@@ -518,23 +460,13 @@ def _run_stages(cfg, run, plan, model, tokenizer, task, generator, stage_probe, 
             + (", resuming" if state == "started" else ""))
         scfg = stage_config(cfg, stage, run.path / "stages")
         sync = lambda *_: write_combined(run, plan)  # noqa: E731
+        resume = RunDir.open(sdir) if state == "started" else None
         if stage.method == "es":
-            from evolm.es.engine import run_es
-
-            if state == "started":
-                srun = RunDir.open(sdir)
-            else:
-                srun = RunDir.create(sdir.parent, sdir.name, config_mod.to_toml(scfg), kind="es",
-                                     info={"model": cfg.model.spec, "task": task.name})
-            run_es(scfg, resume=srun if state == "started" else None, model=model, tokenizer=tokenizer, task=task,
-                   generator=generator, run_dir=srun, probe=stage_probe,
-                   callbacks=(*callbacks.get("es", ()), sync), quiet=quiet)
+            jobs.run_es(scfg, resume=resume, model=model, tokenizer=comps.tokenizer, task=comps.task, generator=generator,
+                        run_dir=sdir, probe=stage_probe, callbacks=(*callbacks.get("es", ()), sync), quiet=quiet)
         else:
-            from evolm.grpo import run_grpo
-
-            run_grpo(scfg, model=model, tokenizer=tokenizer, task=task, run_dir=sdir, probe=stage_probe,
-                     resume=RunDir.open(sdir) if state == "started" else None,
-                     callbacks=[*callbacks.get("grpo", ()), _trainer_sync(sync)])
+            jobs.run_grpo(scfg, resume=resume, model=model, tokenizer=comps.tokenizer, task=comps.task, run_dir=sdir,
+                          probe=stage_probe, callbacks=[*callbacks.get("grpo", ()), _trainer_sync(sync)], quiet=quiet)
             generator.sync_weights()
         RunDir(sdir).update_info(pipeline=str(run.path), stage=stage.index, stage_start=stage.start)
         fingerprints.setdefault(stage.name, {})["final"] = models.fingerprint(model)
@@ -548,7 +480,7 @@ def _run_stages(cfg, run, plan, model, tokenizer, task, generator, stage_probe, 
 
 def _trainer_sync(sync: Callable[[], None]):
     """A TrainerCallback that rebuilds the combined stream after each GRPO update is logged."""
-    from transformers import TrainerCallback
+    from transformers import TrainerCallback  # TRL's Trainer stack: imported only when a GRPO stage runs
 
     class CombinedStream(TrainerCallback):
         def on_log(self, args, state, control, logs=None, **kw):
@@ -557,236 +489,5 @@ def _trainer_sync(sync: Callable[[], None]):
     return CombinedStream()
 
 
-# --------------------------------------------------------------------------------------------------
-# split sweeps
-
-
-def _fraction_text(f: Fraction) -> str:
-    """Exact text of a fraction: a decimal when it has one (0.25), else p/q (1/3)."""
-    d = f.denominator
-    for prime in (2, 5):
-        while d % prime == 0:
-            d //= prime
-    if d != 1:
-        return f"{f.numerator}/{f.denominator}"
-    digits = 0
-    while (f * 10**digits).denominator != 1:
-        digits += 1
-    return f"{float(f):.{max(digits, 1)}f}"
-
-
-ORDERS = ("grpo-es", "es-grpo")
-
-
-def sweep_points(splits: Sequence[str | float], orders: Sequence[str] = ORDERS) -> list[tuple[str, list[str]]]:
-    """(point name, stages) for every (order, split) pair; ``split`` is GRPO's share of the budget (pure).
-
-    A split of 0 or 1 is a single-method run, the same for every order, and appears once
-    (``es-only`` / ``grpo-only``). Names look like ``grpo-es-0.25``.
-    """
-    bad = [o for o in orders if o not in ORDERS]
-    if bad or not orders:
-        raise UserError(f"--orders must be a comma-separated list of {', '.join(ORDERS)} (got {', '.join(orders) or 'nothing'})")
-    points: list[tuple[str, list[str]]] = []
-    for text in splits:
-        try:
-            share = Fraction(str(text))
-        except (ValueError, ZeroDivisionError):
-            raise UserError(f"--sweep-splits: '{text}' is not a number") from None
-        if not 0 <= share <= 1:
-            raise UserError(f"--sweep-splits values are GRPO's share of the budget and must lie in [0, 1] (got {text})")
-        if share in (0, 1):
-            name, stages = ("grpo-only", ["grpo:1.0"]) if share == 1 else ("es-only", ["es:1.0"])
-            candidates = [(name, stages)]
-        else:
-            g, e = f"grpo:{_fraction_text(share)}", f"es:{_fraction_text(1 - share)}"
-            label = _fraction_text(share).replace("/", "_")
-            candidates = [(f"{o}-{label}", [g, e] if o == "grpo-es" else [e, g]) for o in orders]
-        for c in candidates:
-            if c[0] not in {n for n, _ in points}:
-                points.append(c)
-    return points
-
-
-SUMMARY_FIELDS = ("greedy", "pass@1", "pass@4", "pass@8", "entropy")
-
-
-def sweep_summary(sweep_path: str | Path, points: Sequence[tuple[str, list[str]]]) -> list[dict]:
-    """One row per point: its plan, final held-out metrics, last probe and cost (from its files)."""
-    from evolm.runs import read_jsonl
-
-    rows = []
-    for name, stages in points:
-        path = Path(sweep_path) / name
-        info = json.loads((path / "run.json").read_text()) if (path / "run.json").exists() else {}
-        row: dict[str, Any] = {"point": name, "stages": " ".join(f"{s['method']}:{s['updates']}" for s in info.get("plan", []))
-                               or " ".join(stages), "status": info.get("status", "not started")}
-        for label in ("before", "after"):
-            f = path / f"eval_{label}.json"
-            if f.exists():
-                summary = json.loads(f.read_text()).get("summary", {})
-                row.update({f"{label}_{k}": summary.get(k) for k in SUMMARY_FIELDS if k in summary})
-        records = read_jsonl(path / "metrics.jsonl")
-        probes = [r for r in records if r.get("kind") == "probe"]
-        if probes:
-            row.update({f"probe_{k}": probes[-1].get(k) for k in SUMMARY_FIELDS if k in probes[-1]})
-        train = [r for r in records if r.get("kind") == "train"]
-        if train:
-            row.update(updates=train[-1]["step"], seconds_total=train[-1].get("seconds_total"),
-                       gen_tokens_total=train[-1].get("gen_tokens_total"),
-                       peak_rss_mb=max(r.get("peak_rss_mb") or 0 for r in train))
-        rows.append(row)
-    return rows
-
-
-def summary_markdown(rows: Sequence[dict]) -> str:
-    columns = ["point", "stages", "status"] + [c for c in
-               [f"{p}_{k}" for p in ("before", "after", "probe") for k in SUMMARY_FIELDS]
-               + ["updates", "seconds_total", "gen_tokens_total", "peak_rss_mb"]
-               if any(c in r for r in rows)]
-
-    def cell(v):
-        if v is None:
-            return ""
-        if isinstance(v, float):
-            return f"{v:.3f}" if abs(v) < 100 else f"{v:.0f}"
-        return str(v)
-
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(cell(r.get(c)) for c in columns) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
-
-
-def run_split_sweep(cfg: PipelineJob, splits: Sequence[str | float] = (), orders: Sequence[str] = ORDERS,
-                    resume=None, quiet: bool = False) -> Path:
-    """Run a pipeline for every (order, GRPO share) in one sweep directory; returns its path.
-
-    The sweep directory (``run.out_dir / run.name``, or ``resume``) holds ``config.toml`` (the base
-    pipeline), ``run.json`` (kind ``pipeline-sweep``, the splits and orders), one pipeline run
-    directory per point, and ``sweep_summary.json`` / ``sweep_summary.md`` rewritten after every point.
-    Finished points are skipped and interrupted ones resumed, whether the sweep is continued with
-    ``resume`` or by running the same command again. All points share one before-evaluation.
-    """
-    from evolm import config as config_mod
-    from evolm.runs import RunDir, atomic_write_text
-
-    config_mod.validate(cfg)
-    toml = config_mod.to_toml(cfg)
-    if splits:
-        sweep_points([str(s) for s in splits], orders)  # refuse bad splits before creating anything
-    elif resume is None:
-        raise UserError("a split sweep needs --sweep-splits, e.g. 0.25,0.5,0.75")
-    if resume is not None:
-        sweep = resume if isinstance(resume, RunDir) else RunDir.open(resume)
-        info = sweep.info()
-        if info.get("kind") != SWEEP_KIND:
-            raise UserError(f"{sweep.path} is not a split sweep (kind '{info.get('kind')}')")
-        if not splits:
-            splits, orders = info["splits"], info["orders"]
-        atomic_write_text(sweep.config_path, toml)  # overrides given on resume apply to unfinished points
-    else:
-        path = Path(cfg.run.out_dir) / cfg.run.name
-        if "{time}" not in cfg.run.name and (path / "run.json").exists():
-            sweep = RunDir.open(path)
-            if sweep.info().get("kind") != SWEEP_KIND or sweep.config_path.read_text() != toml:
-                raise UserError(f"{path} exists and holds another run or sweep config; choose another run.name "
-                                f"or continue it with --resume {path}")
-        else:
-            sweep = RunDir.create(cfg.run.out_dir, cfg.run.name, toml, kind=SWEEP_KIND)
-    splits = [str(s) for s in splits]
-    points = sweep_points(splits, orders)
-    sweep.update_info(status="running", splits=splits, orders=list(orders), points=[n for n, _ in points])
-
-    def write_summary():
-        rows = sweep_summary(sweep.path, points)
-        sweep.write_json("sweep_summary.json", rows)
-        atomic_write_text(sweep.path / "sweep_summary.md", summary_markdown(rows))
-
-    base = cfg
-    for name, stages in points:
-        point = sweep.path / name
-        state = stage_state(point)
-        if state == "finished":
-            continue
-        pcfg = copy.deepcopy(base)
-        pcfg.pipeline.stages, pcfg.pipeline.interleave = list(stages), False
-        pcfg.run.out_dir, pcfg.run.name = str(sweep.path), name
-        shared = [sweep.path / n / "eval_before.json" for n, _ in points if (sweep.path / n / "eval_before.json").exists()]
-        before = json.loads(shared[0].read_text()) if shared else None
-        if not quiet:
-            print(f"[evolm] sweep point {name}: {', '.join(stages)}", flush=True)
-        if state == "started":
-            run_pipeline(pcfg, resume=RunDir.open(point), quiet=quiet)
-        else:
-            shutil.rmtree(point, ignore_errors=True)
-            run_pipeline(pcfg, run_dir=point, eval_before=before, quiet=quiet)
-        write_summary()
-    write_summary()
-    sweep.finish()
-    return sweep.path
-
-
-# --------------------------------------------------------------------------------------------------
-# command line
-
-
-def _split_list(text: str | None) -> list[str]:
-    return [t.strip() for t in (text or "").split(",") if t.strip()]
-
-
-def _cmd_pipeline(args) -> int:
-    from evolm import config
-    from evolm.runs import RunDir
-
-    splits, orders = _split_list(args.sweep_splits), _split_list(args.orders) or list(ORDERS)
-    if args.resume:
-        run = RunDir.open(args.resume)
-        cfg = config.load(PipelineJob, run.config_path, args.overrides)
-        if run.info().get("kind") == SWEEP_KIND:
-            out = run_split_sweep(cfg, splits, orders if splits else (), resume=run)
-            print(out / "sweep_summary.md")
-            print((out / "sweep_summary.md").read_text(), end="")
-            return 0
-        print(run_pipeline(cfg, resume=run).path)
-        return 0
-    if not args.config:
-        raise UserError("evolm pipeline needs --config FILE (or --resume RUN_DIR); `evolm config pipeline` prints every field")
-    cfg = config.load(PipelineJob, args.config, args.overrides)
-    if splits:
-        out = run_split_sweep(cfg, splits, orders)
-        print((out / "sweep_summary.md").read_text(), end="")
-        print(out)
-        return 0
-    print(run_pipeline(cfg).path)
-    return 0
-
-
-def add_cli(sub) -> None:
-    p = sub.add_parser(
-        "pipeline", help="GRPO and ES stages sharing one update budget (sequential, interleaved, split sweeps)",
-        description="Run stages such as grpo:0.5, es:0.5 of one update budget on the same weights (each stage starts "
-                    "from the previous stage's final weights). Writes runs/<name>/ with stages/NN-<method>/ (ordinary "
-                    "ES and GRPO run directories), one metrics.jsonl with stage, stage_method, stage_step and global "
-                    "step columns, held-out eval_before/after.json, and final/. `evolm config pipeline` lists every field.",
-        epilog="examples:\n"
-               "  evolm pipeline --config configs/pipeline-grpo-es.toml\n"
-               "  evolm pipeline --config configs/pipeline-interleaved.toml --set pipeline.budget=12\n"
-               "  evolm pipeline --config configs/pipeline-grpo-es.toml --sweep-splits 0.25,0.5,0.75 --orders grpo-es,es-grpo\n"
-               "  evolm pipeline --resume runs/pipeline-grpo-es-20261130-010000",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", "-c", metavar="FILE", help="TOML config file (see `evolm config pipeline`)")
-    p.add_argument("--set", "-s", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config field, e.g. --set pipeline.stages=['es:0.5','grpo:0.5'] (repeatable)")
-    p.add_argument("--resume", metavar="RUN_DIR",
-                   help="continue a killed pipeline (finished stages are skipped, the interrupted one resumes from its "
-                        "newest checkpoint) or a split sweep directory")
-    p.add_argument("--sweep-splits", metavar="S1,S2,...",
-                   help="run one pipeline per GRPO share of the budget (values in [0, 1]; 0 and 1 are the pure "
-                        "methods) and order, in subdirectories of one sweep directory, with a summary table")
-    p.add_argument("--orders", metavar="O1,O2",
-                   help="stage orders for --sweep-splits: grpo-es, es-grpo or both (default: both)")
-    p.set_defaults(func=_cmd_pipeline)
-
-
 __all__ = ["PipelineSection", "PipelineJob", "Stage", "plan_stages", "largest_remainder", "stage_config", "stage_seed",
-           "combined_records", "run_pipeline", "sweep_points", "run_split_sweep", "add_cli"]
+           "combined_records", "run_pipeline"]

@@ -1,6 +1,7 @@
 """Training plots drawn from a run directory's ``metrics.jsonl`` (matplotlib, Agg backend).
 
-Plots read only files in the run directory, so they can be redrawn at any time (``evolm report``).
+Plots read only files in the run directory (through ``RunDir``'s read side: one record per step), so
+they can be redrawn at any time (``evolm report``).
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from pathlib import Path
 
 
 def _pyplot():
-    import matplotlib
+    import matplotlib  # heavy to import, and needed only when a run finishes
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -20,9 +21,8 @@ def _pyplot():
 def plot_training(run) -> list[Path]:
     """``plots/reward.png`` (population reward per update) and, when probes were logged,
     ``plots/probe.png`` (held-out entropy and pass@k per update). Returns the files written."""
-    records = run.metrics()
-    train = [r for r in records if r.get("kind", "train") == "train" and r.get("reward_mean") is not None]
-    probes = [r for r in records if r.get("kind") == "probe"]
+    train = [r for r in run.train_records() if r.get("reward_mean") is not None]
+    probes = run.probes()
     out_dir = Path(run.path) / "plots"
     out_dir.mkdir(parents=True, exist_ok=True)
     plt = _pyplot()

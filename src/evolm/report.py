@@ -855,9 +855,9 @@ def _parse_labels(items: list[str]) -> dict[str, str]:
 def _cmd_report(args) -> int:
     reference = None
     if args.reference is not None:
-        from evolm.config import _parse_value
+        from evolm.config import parse_value
 
-        reference = _parse_value(args.reference)
+        reference = parse_value(args.reference)
     result = build_report(args.paths, args.out, labels=_parse_labels(args.label), title=args.title, window=args.window,
                           band=args.band, band_mode=args.band_mode, reference=reference)
     print(f"wrote {result.markdown}, {result.html} and {result.json} ({len(result.figures)} figures in {result.out / 'figures'})")
@@ -888,8 +888,3 @@ def add_cli(subparsers) -> None:
     g.add_argument("--reference", metavar="N", help="reference population size (default: the largest N of each group)")
     p.set_defaults(func=_cmd_report)
 
-
-if __name__ == "__main__":  # pragma: no cover
-    from evolm.cli import main
-
-    sys.exit(main(["report", *sys.argv[1:]]))

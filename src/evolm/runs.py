@@ -39,9 +39,11 @@ import shutil
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from evolm import __version__
 from evolm.errors import UserError
 from evolm.models import quiet_transformers
 
@@ -117,8 +119,6 @@ def _versions() -> dict[str, str]:
             out[mod] = __import__(mod).__version__
         except Exception:
             pass
-    from evolm import __version__
-
     out["evolm"] = __version__
     return out
 
@@ -321,6 +321,18 @@ def load_weights(model, directory: Path) -> None:
     if unexpected or set(missing) - tied:
         raise RuntimeError(f"checkpoint {directory} does not match the model (missing {sorted(set(missing) - tied)[:3]}, "
                            f"unexpected {unexpected[:3]})")
+
+
+@dataclass
+class TrainResult:
+    """What a method's training loop hands back to the lifecycle (``jobs.finish_run``)."""
+
+    steps: int
+    """Updates done in all (the run's step count)."""
+    final_model: object
+    """The model whose float32 weights are the run's final weights."""
+    totals: dict = field(default_factory=dict)
+    """Running totals (``seconds_total``, ``gen_sequences_total``, ``gen_tokens_total``)."""
 
 
 # -- the training record -------------------------------------------------------------------------------

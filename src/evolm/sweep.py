@@ -4,7 +4,7 @@
 
 Design decisions:
 
-- A grid value is a TOML literal, exactly as ``--set`` takes it (``config._parse_value``); values
+- A grid value is a TOML literal, exactly as ``--set`` takes it (``config.parse_value``); values
   are split at commas outside brackets and quotes, so ``--grid 'es.params=["norm"],["all"]'`` works.
   The points are the Cartesian product of the ``--grid`` options in the order given.
 - Each point is an ordinary run directory ``<sweep>/<key=value,...>/`` (name sanitised to
@@ -20,31 +20,40 @@ Design decisions:
   the sweep carries on; a re-run retries it. The base config must match the manifest's (otherwise
   choose another ``--out``); the grid may grow, the manifest keeps every point it has seen.
 - All points are validated before any runs, so a typo in the grid fails at once, not after hours.
-- ``collect_sweep`` reads the run directories only and writes ``sweep_summary.json`` and
-  ``sweep.md``: per point the training-reward curve and final value, held-out before/after
-  summaries, seconds, peak RSS, generated tokens and the evaluation budget. The ablation analyses
-  (population scaling, σ, estimator, shaping: ``evolm.analysis.ablations``) run on that summary.
-- Job kinds: ``es`` (``evolm.es.engine.run_es``, ``config.ESJob``), ``grpo`` (``evolm.grpo.run_grpo``,
-  ``GRPOJob``), ``pipeline`` (``evolm.pipeline.run_pipeline``, ``PipelineJob``), looked up when used.
-  Tests inject their own ``runner(cfg, resume) -> RunDir``.
+- Points may also be given as a list of named assignments (``points``): ``split_points`` generates
+  the GRPO-share x stage-order grid of ``evolm pipeline --sweep-splits`` that way, so a split sweep
+  is an ordinary sweep of pipelines.
+- One before-evaluation per sweep: points whose starting model, task, generation, held-out settings
+  and seed are the same (``before_key``) reuse the first point's ``eval_before.json`` instead of
+  measuring the same weights again.
+- ``collect_sweep`` reads the run directories only (``RunDir``'s read side) and writes
+  ``sweep_summary.json`` and ``sweep.md``: per point the training-reward curve and final value,
+  held-out before/after summaries, seconds, peak RSS, generated tokens and the evaluation budget.
+  The ablation analyses (population scaling, σ, estimator, shaping) are results, not jobs: the CLI
+  passes ``evolm.analysis.ablations.ablations_for`` as ``analyze`` and its output is stored beside.
+- Job kinds come from ``evolm.registry`` (es, grpo, pipeline). Tests inject their own
+  ``runner(cfg, resume) -> RunDir`` and ``config_class``.
 """
+
 
 from __future__ import annotations
 
-import argparse
 import itertools
+import json
 import re
-import sys
+import shutil
 import time
 import traceback
 from dataclasses import dataclass, field
+from fractions import Fraction
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
-from evolm.errors import UserError
-
-KINDS = ("es", "grpo", "pipeline")
-
+from evolm import config as config_mod
+from evolm.config import parse_value, toml_inline
+from evolm.errors import ConfigError, UserError
+from evolm.markdown import table
+from evolm.runs import RunDir, atomic_write_json, atomic_write_text
 
 # -- grid ----------------------------------------------------------------------------------------------
 
@@ -77,8 +86,6 @@ def split_values(text: str) -> list[str]:
 
 def parse_grid(items: list[str]) -> dict[str, list[Any]]:
     """``["es.population=8,16", "es.sigma=1e-3"]`` -> ``{"es.population": [8, 16], "es.sigma": [0.001]}``."""
-    from evolm.config import _parse_value
-
     grid: dict[str, list[Any]] = {}
     for item in items:
         key, sep, values = item.partition("=")
@@ -87,32 +94,11 @@ def parse_grid(items: list[str]) -> dict[str, list[Any]]:
             raise UserError(f"--grid expects KEY=V1,V2,... e.g. es.population=8,16,32 (got '{item}')")
         if key in grid:
             raise UserError(f"--grid {key} is given twice; list all its values in one option")
-        parsed = [_parse_value(v) for v in split_values(values)]
+        parsed = [parse_value(v) for v in split_values(values)]
         if any(v == "" for v in parsed):
             raise UserError(f"--grid {key} has an empty value (got '{values}')")
         grid[key] = parsed
     return grid
-
-
-def toml_literal(value: Any) -> str:
-    """One value as a single-line TOML literal (what ``--set key=...`` takes): ``8``, ``0.001``, ``"a"``,
-    ``["norm", "mlp"]``, ``{digits = 2}``."""
-    import json
-    import math
-
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        return ("inf" if value > 0 else "-inf") if math.isinf(value) else "nan" if math.isnan(value) else repr(value)
-    if isinstance(value, str):
-        return json.dumps(value)  # a JSON string is a valid TOML basic string
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(toml_literal(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{json.dumps(str(k))} = {toml_literal(v)}" for k, v in value.items()) + "}"
-    raise UserError(f"grid value {value!r} has no TOML form")
 
 
 def value_label(value: Any) -> str:
@@ -121,7 +107,7 @@ def value_label(value: Any) -> str:
         return value
     if isinstance(value, (list, tuple)):
         return "[" + ",".join(value_label(v) for v in value) + "]"
-    return toml_literal(value)
+    return toml_inline(value)
 
 
 def point_name(assignments: dict[str, Any]) -> str:
@@ -136,34 +122,52 @@ def grid_points(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
     return [dict(zip(keys, combo)) for combo in itertools.product(*(grid[k] for k in keys))]
 
 
-# -- job kinds ---------------------------------------------------------------------------------------
+ORDERS = ("grpo-es", "es-grpo")
+"""Stage orders of a split sweep."""
 
 
-@dataclass
-class JobKind:
-    name: str
-    config_class: type
-    run: Callable  # run(cfg, resume=RunDir | None) -> RunDir
+def _fraction_text(f: Fraction) -> str:
+    """Exact text of a fraction: a decimal when it has one (0.25), else p/q (1/3)."""
+    d = f.denominator
+    for prime in (2, 5):
+        while d % prime == 0:
+            d //= prime
+    if d != 1:
+        return f"{f.numerator}/{f.denominator}"
+    digits = 0
+    while (f * 10**digits).denominator != 1:
+        digits += 1
+    return f"{float(f):.{max(digits, 1)}f}"
 
 
-def job_kind(name: str) -> JobKind:
-    """The config class and runner of ``es``, ``grpo`` or ``pipeline`` (imported only when used)."""
-    if name == "es":
-        from evolm.config import ESJob
-        from evolm.es.engine import run_es
+def split_points(splits: Sequence[str | float], orders: Sequence[str] = ORDERS) -> list[tuple[str, dict[str, Any]]]:
+    """Named points of a split sweep: for every (order, GRPO share) the assignments of
+    ``pipeline.stages`` (and ``pipeline.interleave = false``) (pure).
 
-        return JobKind("es", ESJob, lambda cfg, resume=None: run_es(cfg, resume=resume))
-    if name == "grpo":
-        from evolm.grpo import GRPOJob, run_grpo
-
-        return JobKind("grpo", GRPOJob, lambda cfg, resume=None: run_grpo(cfg, resume=resume))
-    if name == "pipeline":
+    A share of 0 or 1 is a single-method run, the same for every order, and appears once
+    (``es-only`` / ``grpo-only``). Names look like ``grpo-es-0.25``.
+    """
+    bad = [o for o in orders if o not in ORDERS]
+    if bad or not orders:
+        raise UserError(f"--orders must be a comma-separated list of {', '.join(ORDERS)} (got {', '.join(orders) or 'nothing'})")
+    points: list[tuple[str, dict[str, Any]]] = []
+    for text in splits:
         try:
-            from evolm.pipeline import PipelineJob, run_pipeline
-        except ImportError as e:
-            raise UserError(f"--kind pipeline needs evolm.pipeline (PipelineJob, run_pipeline), which this install lacks ({e})") from None
-        return JobKind("pipeline", PipelineJob, lambda cfg, resume=None: run_pipeline(cfg, resume))
-    raise UserError(f"--kind must be one of {', '.join(KINDS)} (got '{name}')")
+            share = Fraction(str(text))
+        except (ValueError, ZeroDivisionError):
+            raise UserError(f"--sweep-splits: '{text}' is not a number") from None
+        if not 0 <= share <= 1:
+            raise UserError(f"--sweep-splits values are GRPO's share of the budget and must lie in [0, 1] (got {text})")
+        if share in (0, 1):
+            candidates = [("grpo-only", ["grpo:1.0"]) if share == 1 else ("es-only", ["es:1.0"])]
+        else:
+            g, e = f"grpo:{_fraction_text(share)}", f"es:{_fraction_text(1 - share)}"
+            label = _fraction_text(share).replace("/", "_")
+            candidates = [(f"{o}-{label}", [g, e] if o == "grpo-es" else [e, g]) for o in orders]
+        for name, stages in candidates:
+            if name not in {n for n, _ in points}:
+                points.append((name, {"pipeline.stages": stages, "pipeline.interleave": False}))
+    return points
 
 
 # -- running -------------------------------------------------------------------------------------------
@@ -181,8 +185,6 @@ class Sweep:
         return self.path / "sweep.json"
 
     def save(self) -> None:
-        from evolm.runs import atomic_write_json
-
         self.manifest["updated"] = time.time()
         atomic_write_json(self.manifest_path, self.manifest)
 
@@ -191,25 +193,10 @@ class Sweep:
 
     @classmethod
     def open(cls, path: str | Path) -> "Sweep":
-        import json
-
         path = Path(path)
         if not (path / "sweep.json").exists():
             raise UserError(f"{path} is not an evolm sweep directory (no sweep.json)")
         return cls(path, json.loads((path / "sweep.json").read_text()))
-
-
-def _point_status(path: Path) -> str:
-    """finished / unfinished (a run directory exists) / new."""
-    import json
-
-    info = path / "run.json"
-    if info.exists():
-        try:
-            return "finished" if json.loads(info.read_text()).get("status") == "finished" else "unfinished"
-        except ValueError:
-            return "unfinished"
-    return "unfinished" if (path / "config.toml").exists() else "new"
 
 
 def default_out(config_path: str | None, base: dict) -> Path:
@@ -217,21 +204,30 @@ def default_out(config_path: str | None, base: dict) -> Path:
     return Path(base.get("run", {}).get("out_dir", "runs")) / f"sweep-{stem}"
 
 
+def before_key(cfg) -> str:
+    """What a held-out evaluation before training depends on: two points with the same key measure
+    the same weights on the same problems with the same settings."""
+    d = config_mod.to_dict(cfg)
+    return json.dumps({k: d.get(k) for k in ("model", "task", "generation", "eval")} | {"seed": d["run"]["seed"]},
+                      sort_keys=True, default=str)
+
+
 def run_sweep(base: dict, grid: dict[str, list[Any]], out: str | Path, *, kind: str = "es", overrides=(),
               config_path: str | None = None, runner: Callable | None = None, config_class: type | None = None,
+              points: Sequence[tuple[str, dict[str, Any]]] | None = None, analyze: Callable | None = None,
               say: Callable = lambda *a: print(*a, flush=True)) -> Sweep:
-    """Run (or resume) every point of ``grid`` on top of ``base`` (a parsed TOML dict) + ``overrides``.
+    """Run (or resume) every point of ``grid`` (or the named ``points``) on top of ``base`` (a parsed
+    TOML dict) + ``overrides``.
 
-    ``runner(cfg, resume)`` and ``config_class`` replace the job kind's (tests). Returns the sweep;
+    ``runner(cfg, resume, eval_before=None)`` and ``config_class`` replace the job kind's (tests);
+    ``analyze(points, grid_keys)`` adds its result to the summary as ``ablations``. Returns the sweep;
     its manifest holds each point's status. Raises ``UserError`` on an invalid grid before any run.
     """
-    from evolm import config as config_mod
-    from evolm.errors import ConfigError
-    from evolm.runs import RunDir
-
-    if not grid:
+    if not grid and not points:
         raise UserError("evolm sweep needs at least one --grid KEY=V1,V2,...")
     if runner is None or config_class is None:
+        from evolm.registry import job_kind  # the job modules import torch: only when a sweep runs
+
         job = job_kind(kind)
         runner = runner or job.run
         config_class = config_class or job.config_class
@@ -246,16 +242,18 @@ def run_sweep(base: dict, grid: dict[str, list[Any]], out: str | Path, *, kind: 
     else:
         sweep.manifest = {"format": 1, "created": time.time(), "config_path": config_path, **identity,
                           "grid": {}, "points": []}
+    named = list(points) if points is not None else [(point_name(a), a) for a in grid_points(grid)]
     # merge the grid (values keep their first-seen order) and validate every point before running any
     merged = sweep.manifest["grid"]
-    for key, values in grid.items():
-        merged.setdefault(key, [])
-        merged[key] += [v for v in values if v not in merged[key]]
+    for _, assignments in named:
+        for key, value in assignments.items():
+            merged.setdefault(key, [])
+            if value not in merged[key]:
+                merged[key].append(value)
     plan = []
-    for assignments in grid_points(grid):
-        name = point_name(assignments)
-        sets = list(overrides) + [f"{k}={toml_literal(v)}" for k, v in assignments.items()] + [
-            f"run.out_dir={toml_literal(str(sweep.path))}", f"run.name={toml_literal(name)}"]
+    for name, assignments in named:
+        sets = list(overrides) + [f"{k}={toml_inline(v)}" for k, v in assignments.items()] + [
+            f"run.out_dir={toml_inline(str(sweep.path))}", f"run.name={toml_inline(name)}"]
         try:
             cfg = config_mod.from_dict(config_class, base, sets)
         except ConfigError as e:
@@ -271,74 +269,62 @@ def run_sweep(base: dict, grid: dict[str, list[Any]], out: str | Path, *, kind: 
             sweep.manifest["points"].append({"name": name, "assignments": assignments, "dir": name, "status": "pending"})
     sweep.save()
 
+    befores: dict[str, dict] = {}  # before_key -> a finished point's eval_before.json
+    for name, _, cfg in plan:
+        report = RunDir(sweep.path / name).evaluation("before")
+        if report is not None:
+            befores.setdefault(before_key(cfg), report)
     for i, (name, assignments, cfg) in enumerate(plan, 1):
-        path = sweep.path / name
+        run = RunDir(sweep.path / name)
         record = sweep.point(name)
-        state = _point_status(path)
+        state = run.state()
         if state == "finished":
             if record["status"] != "finished":
                 record["status"] = "finished"
                 sweep.save()
             say(f"[sweep] {i}/{len(plan)} {name}: finished, skipped")
             continue
-        say(f"[sweep] {i}/{len(plan)} {name}: {'resuming' if state == 'unfinished' else 'starting'}")
+        say(f"[sweep] {i}/{len(plan)} {name}: {'resuming' if state == 'started' else 'starting'}")
         record.update(status="running", started=time.time())
         record.pop("error", None)
         sweep.save()
-        (path / "sweep_error.txt").unlink(missing_ok=True)  # a fresh point needs an empty directory
+        if state == "absent":
+            shutil.rmtree(run.path, ignore_errors=True)  # leftovers of a point that failed before its run began
+        shared = befores.get(before_key(cfg)) if state == "absent" else None
         t0 = time.perf_counter()
         try:
-            resume = RunDir.open(path) if state == "unfinished" else None
-            runner(cfg, resume)
+            resume = RunDir.open(run.path) if state == "started" else None
+            runner(cfg, resume, **({"eval_before": shared} if shared is not None else {}))
         except KeyboardInterrupt:
             record.update(status="interrupted", seconds=time.perf_counter() - t0)
             sweep.save()
             raise
         except Exception as e:  # one failed point must not stop the sweep
             message = f"{type(e).__name__}: {e}"
-            path.mkdir(parents=True, exist_ok=True)
-            (path / "sweep_error.txt").write_text(traceback.format_exc())
+            run.path.mkdir(parents=True, exist_ok=True)
+            (run.path / "sweep_error.txt").write_text(traceback.format_exc())
             record.update(status="failed", error=message, seconds=time.perf_counter() - t0)
             sweep.save()
             say(f"[sweep] {name}: failed ({message}); continuing")
             continue
-        record.update(status="finished" if _point_status(path) == "finished" else "unfinished",
-                      seconds=time.perf_counter() - t0)
+        (run.path / "sweep_error.txt").unlink(missing_ok=True)
+        record.update(status="finished" if run.state() == "finished" else "unfinished", seconds=time.perf_counter() - t0)
         sweep.save()
-    collect_sweep(sweep.path)
+        report = run.evaluation("before")
+        if report is not None:
+            befores.setdefault(before_key(cfg), report)
+    collect_sweep(sweep.path, analyze)
     return sweep
 
 
 # -- collecting --------------------------------------------------------------------------------------
 
 
-def _summary_of(path: Path, name: str) -> dict | None:
-    import json
-
-    f = path / name
-    if not f.exists():
-        return None
-    try:
-        return json.loads(f.read_text()).get("summary")
-    except ValueError:
-        return None
-
-
 def point_metrics(path: str | Path) -> dict:
     """The numbers of one run directory a sweep summary and the ablations need (reads files only)."""
-    import json
-
-    from evolm.config import read_toml
-    from evolm.runs import read_jsonl
-
-    path = Path(path)
-    info = json.loads((path / "run.json").read_text()) if (path / "run.json").exists() else {}
-    records = read_jsonl(path / "metrics.jsonl")
-    train = {}
-    for r in records:  # last record of a step wins (a resumed run may have re-logged it)
-        if r.get("kind", "train") == "train" and "step" in r:
-            train[int(r["step"])] = r
-    train = [train[s] for s in sorted(train)]
+    run = RunDir(path)
+    info = run.info() if (run.path / "run.json").exists() else {}
+    train = run.train_records()
     curve = [[r["step"], r.get("reward_mean")] for r in train]
     finite = [r for _, r in curve if r is not None]
     status_counts: dict[str, int] = {}
@@ -349,16 +335,17 @@ def point_metrics(path: str | Path) -> dict:
     tokens = [r["gen_tokens"] for r in train if r.get("gen_tokens") is not None]
     rss = [r["peak_rss_mb"] for r in train if r.get("peak_rss_mb") is not None] + (
         [info["peak_rss_mb"]] if info.get("peak_rss_mb") else [])
-    cfg = read_toml(path / "config.toml") if (path / "config.toml").exists() else {}
+    cfg = run.config()
     members = len(train[-1]["fitness"]) if train and isinstance(train[-1].get("fitness"), list) else \
         cfg.get("es", {}).get("population")
-    return {
+    summary = lambda label: (run.evaluation(label) or {}).get("summary")  # noqa: E731
+    out = {
         "kind": info.get("kind"), "status": info.get("status", "missing"), "updates": len(train),
         "curve": curve, "final_reward": finite[-1] if finite else None,
         "final_reward_mean3": sum(finite[-3:]) / len(finite[-3:]) if finite else None,
         "start_reward": finite[0] if finite else None,
         "update_status": status_counts,
-        "eval_before": _summary_of(path, "eval_before.json"), "eval_after": _summary_of(path, "eval_after.json"),
+        "eval_before": summary("before"), "eval_after": summary("after"),
         "seconds_total": sum(seconds) if seconds else info.get("seconds_total"),
         "seconds_per_update": sum(seconds) / len(seconds) if seconds else None,
         "gen_tokens_total": sum(tokens) if tokens else None,
@@ -366,16 +353,17 @@ def point_metrics(path: str | Path) -> dict:
         "peak_rss_mb": max(rss) if rss else None,
         "evaluations": members * len(train) if members and info.get("kind", "es") == "es" else None,
     }
+    if info.get("plan"):  # a pipeline: its stages as run
+        out["stages"] = " ".join(f"{s['method']}:{s['updates']}" for s in info["plan"])
+    return out
 
 
-def summarize_sweep(path: str | Path) -> dict:
+def summarize_sweep(path: str | Path, analyze: Callable | None = None) -> dict:
     """The sweep summary from the manifest and the points' run directories (reads files only).
 
-    ``sources`` lists every file read; ``ablations`` holds the analyses the grid supports, with
-    default settings (``evolm report`` recomputes them with its own).
+    ``sources`` lists every file read; ``ablations`` holds ``analyze(points, grid keys)`` when given
+    (``evolm report`` recomputes the ablations with its own settings).
     """
-    from evolm.analysis.ablations import ablations_for
-
     sweep = Sweep.open(path)
     sources = [str(sweep.manifest_path)]
     points = []
@@ -390,16 +378,16 @@ def summarize_sweep(path: str | Path) -> dict:
         status = p["status"] if p["status"] in ("failed", "interrupted") else metrics["status"]
         points.append({"name": p["name"], "assignments": p["assignments"], "dir": p["dir"], **metrics,
                        "status": status, "error": p.get("error")})
-    return {"kind": "sweep_summary", "sweep": str(sweep.path), "job_kind": sweep.manifest["kind"],
-            "grid": sweep.manifest["grid"], "points": points, "sources": sources,
-            "ablations": ablations_for([p for p in points if p.get("curve")], list(sweep.manifest["grid"]))}
+    summary = {"kind": "sweep_summary", "sweep": str(sweep.path), "job_kind": sweep.manifest["kind"],
+               "grid": sweep.manifest["grid"], "points": points, "sources": sources}
+    if analyze is not None:
+        summary["ablations"] = analyze([p for p in points if p.get("curve")], list(sweep.manifest["grid"]))
+    return summary
 
 
-def collect_sweep(path: str | Path) -> dict:
+def collect_sweep(path: str | Path, analyze: Callable | None = None) -> dict:
     """Write ``sweep_summary.json`` and ``sweep.md`` (``summarize_sweep``); return the summary."""
-    from evolm.runs import atomic_write_json, atomic_write_text
-
-    summary = summarize_sweep(path)
+    summary = summarize_sweep(path, analyze)
     atomic_write_json(Path(path) / "sweep_summary.json", summary)
     atomic_write_text(Path(path) / "sweep.md", sweep_markdown(summary))
     return summary
@@ -416,67 +404,21 @@ def _fmt(v, spec: str = ".3f") -> str:
 def sweep_markdown(summary: dict) -> str:
     """The sweep summary as a Markdown table, one row per point."""
     keys = list(summary["grid"])
-    cols = keys + ["status", "updates", "start reward", "final reward", "held-out before", "held-out after",
-                   "s/update", "total s", "gen tokens", "peak RSS MB"]
-    lines = [f"# Sweep {summary['sweep']} ({summary['job_kind']})", "",
-             "Rewards are training-reward population means per update; held-out = greedy accuracy from "
-             "eval_before.json / eval_after.json.", "",
-             "| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+    with_stages = any(p.get("stages") for p in summary["points"])
+    cols = keys + (["stages"] if with_stages else []) + ["status", "updates", "start reward", "final reward",
+                                                         "held-out before", "held-out after", "s/update", "total s",
+                                                         "gen tokens", "peak RSS MB"]
+    rows = []
     for p in summary["points"]:
         before = (p.get("eval_before") or {}).get("greedy")
         after = (p.get("eval_after") or {}).get("greedy")
         row = [value_label(p["assignments"].get(k)) if k in p["assignments"] else "" for k in keys]
+        row += [p.get("stages") or ""] if with_stages else []
         row += [p["status"] + (f" ({p['error']})" if p.get("error") else ""), _fmt(p.get("updates")),
                 _fmt(p.get("start_reward")), _fmt(p.get("final_reward")), _fmt(before), _fmt(after),
                 _fmt(p.get("seconds_per_update"), ".1f"), _fmt(p.get("seconds_total"), ".0f"),
                 _fmt(p.get("gen_tokens_total")), _fmt(p.get("peak_rss_mb"), ".0f")]
-        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in row) + " |")
-    return "\n".join(lines) + "\n"
-
-
-# -- command line ----------------------------------------------------------------------------------
-
-
-def _cmd_sweep(args) -> int:
-    from evolm.config import read_toml
-
-    base = read_toml(args.config) if args.config else {}
-    grid = parse_grid(args.grid)
-    out = Path(args.out) if args.out else default_out(args.config, base)
-    sweep = run_sweep(base, grid, out, kind=args.kind, overrides=args.overrides, config_path=args.config)
-    counts: dict[str, int] = {}
-    for p in sweep.manifest["points"]:
-        counts[p["status"]] = counts.get(p["status"], 0) + 1
-    print(f"[sweep] {sweep.path}: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
-    print(f"wrote {sweep.path / 'sweep_summary.json'} and {sweep.path / 'sweep.md'}; "
-          f"`evolm report {sweep.path} --out {sweep.path / 'report'}` draws it")
-    return 1 if counts.get("failed") else 0
-
-
-def add_cli(subparsers) -> None:
-    p = subparsers.add_parser(
-        "sweep", help="run a grid of ES / GRPO / pipeline runs from one config (resumable) and summarise them",
-        description="Run every point of the Cartesian product of the --grid options, each as an ordinary run "
-                    "directory <out>/<key=value,...>/. Re-running the same command skips finished points and resumes "
-                    "unfinished ones from their checkpoints; a point that fails is recorded and the sweep goes on. "
-                    "Writes sweep.json (manifest), sweep_summary.json and sweep.md; `evolm report SWEEP_DIR` plots "
-                    "it, including population-scaling, sigma, estimator and shaping ablations.",
-        epilog="examples:\n"
-               "  evolm sweep -c configs/es-arithmetic.toml --grid es.population=8,16,32 --set es.iterations=50\n"
-               "  evolm sweep -c configs/es-arithmetic.toml --grid es.sigma=0.0001,0.001,0.01 --out runs/sigma\n"
-               "  evolm sweep -c configs/es-arithmetic.toml --grid es.estimator=one_point,antithetic --grid es.shaping=zscore,none",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", "-c", metavar="FILE", help="base TOML config of every point (default: the job's defaults)")
-    p.add_argument("--grid", "-g", action="append", default=[], metavar="KEY=V1,V2,...",
-                   help="a grid axis: config key and comma-separated TOML values (repeatable; product of all axes)")
-    p.add_argument("--set", "-s", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a base config field for every point (repeatable; TOML literal)")
-    p.add_argument("--kind", "-k", default="es", choices=KINDS, help="job kind of every point (default: es)")
-    p.add_argument("--out", "-o", metavar="DIR", help="sweep directory (default: <run.out_dir>/sweep-<config name>)")
-    p.set_defaults(func=_cmd_sweep)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    from evolm.cli import main
-
-    sys.exit(main(["sweep", *sys.argv[1:]]))
+        rows.append(row)
+    return (f"# Sweep {summary['sweep']} ({summary['job_kind']})\n\n"
+            "Rewards are training-reward population means per update; held-out = greedy accuracy from "
+            "eval_before.json / eval_after.json.\n\n" + table(cols, rows))

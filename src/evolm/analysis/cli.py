@@ -637,8 +637,3 @@ def _add_population(p: argparse.ArgumentParser, split: str) -> None:
     g.add_argument("--device", default="cpu", help="torch device (default: cpu)")
     g.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: 1)")
     p.add_argument("--out", default="analysis", metavar="DIR", help="output directory (default: analysis)")
-
-if __name__ == "__main__":  # pragma: no cover
-    from evolm.cli import main
-
-    sys.exit(main(["analyze", *sys.argv[1:]]))

@@ -1,115 +1,52 @@
-"""The ES loop: config -> model -> population scores -> update -> run directory; resumable.
+"""The ES training loop: prompts -> population scores -> update -> run directory records; resumable.
 
 One iteration (``step`` = iterations done so far, 1-based in the logs):
 
 1. draw ``es.prompts_per_iteration`` training examples with a key-derived seed (same for all members);
-2. for each member (direction d, sign s): ``perturb(d, s)``, generate with the iteration's shared
-   sampling seed (common random numbers), fitness = mean task reward, ``restore()`` (bit-exact);
-3. ``compute_update`` (shaping + estimator, ``es/update.py``) and ``ParamSet.apply_update``;
-4. append a metrics record and a seed-log record; every ``run.checkpoint_every`` updates, save a
-   checkpoint (weights in Hugging Face safetensors names + state).
+2. the population scores every member (direction d, sign s): perturb, generate with the iteration's
+   shared sampling seed (common random numbers), fitness = mean task reward, restore bit for bit
+   (``es/population.py``);
+3. ``compute_update`` (shaping + estimator, ``es/update.py``) and ``population.apply_update``;
+4. append a metrics record (``runs.train_record``) and a seed-log record; every
+   ``run.checkpoint_every`` updates, save a checkpoint (weights in Hugging Face safetensors names +
+   state, plus float32 masters when generation runs in lower precision).
+
+The run around the loop (run directory, components, held-out measurements, final weights) is the
+shared lifecycle in ``evolm/jobs.py``; ``jobs.run_es`` is the entry point.
 
 Design decisions:
 
 - The engine touches the model only through ``ParamSet`` (perturb / restore / apply_update on named
-  tensors) and generation only through a ``Generator``. ``LocalPopulation`` scores members one after
-  another in this process; a distributed population (Ray actors each holding a model replica and a
-  ParamSet, or vLLM workers) implements the same two calls, ``score`` and ``apply_update``.
+  tensors) and generation only through a population (``score``, ``apply_update``); where the members
+  are scored (this process, Ray actors, vLLM workers) is the population's business.
 - Everything random is a pure function of ``(run.seed, iteration, member)``, so a killed run resumed
   from its newest checkpoint reaches bit-identical weights, and the seed log (per update: the
   coefficients and the step scale) replays the whole run from the base model (``replay``).
-- Held-out evaluation before and after training and the periodic probe go through
-  ``evolm.evaluate``; they never change the weights.
 """
 
 from __future__ import annotations
 
 import copy
 import math
-import resource
-import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
 import torch
 
-from evolm import config as config_mod
-from evolm.backends.base import Generator, SamplingParams
-from evolm.es.noise import make_noise
+from evolm.backends.base import SamplingParams
+from evolm.console import Say, progress_bar
+from evolm.errors import ConfigError
+from evolm.es.noise import make_noise, noise_from_header
+from evolm.es.params import PERTURB_ARITHMETIC, ParamSet
+from evolm.es.population import make_population, score_completions
+from evolm.es.update import compute_update, member_layout
+from evolm.heldout import probe_record
+from evolm.runs import RunDir, TrainResult, load_weights, train_record
 from evolm.seeding import derive_seed, seed31
-from evolm.es.params import ParamSet
-from evolm.es.update import Update, compute_update, member_layout
-from evolm.runs import RunDir, load_weights
 from evolm.tasks.base import Example, Task
 
-
-def peak_rss_mb() -> float:
-    """Peak resident set size of this process in MB (Linux reports KB, macOS bytes)."""
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return rss / (1024 * 1024) if sys.platform == "darwin" else rss / 1024
-
-
-@dataclass
-class MemberScores:
-    fitness: list[float]
-    errors: dict[int, str] = field(default_factory=dict)
-    seconds: dict[str, float] = field(default_factory=lambda: {"generate": 0.0, "perturb": 0.0, "restore": 0.0})
-    gen_sequences: int = 0
-    gen_tokens: int = 0
-
-
-def score_completions(task: Task, examples: list[Example], completions) -> tuple[float, str | None]:
-    """Mean reward over all completions of all examples; a reward that raises gives NaN and its message."""
-    rewards = []
-    try:
-        for example, outs in zip(examples, completions):
-            rewards += [float(task.reward(c.text, example)) for c in outs]
-    except Exception as e:  # a broken reward must not take the run down or reach the weights
-        return float("nan"), f"{type(e).__name__}: {e}"
-    return (float(np.mean(rewards)) if rewards else float("nan")), None
-
-
-class LocalPopulation:
-    """Scores ES members one after another on this process's model."""
-
-    def __init__(self, params: ParamSet, generator: Generator, task: Task):
-        self.params = params
-        self.generator = generator
-        self.task = task
-
-    def score(self, iteration: int, layout: list[tuple[int, int]], sigma: float, examples: list[Example],
-              prompts: list[str], sampling: SamplingParams, on_member: Callable[[], None] | None = None) -> MemberScores:
-        out = MemberScores(fitness=[])
-        for m, (direction, sign) in enumerate(layout):
-            t0 = time.perf_counter()
-            self.params.perturb(iteration, direction, sign, sigma)
-            self.generator.sync_weights()
-            t1 = time.perf_counter()
-            completions = self.generator.generate(prompts, sampling)
-            t2 = time.perf_counter()
-            self.params.restore()
-            self.generator.sync_weights()
-            t3 = time.perf_counter()
-            fitness, error = score_completions(self.task, examples, completions)
-            out.fitness.append(fitness)
-            if error:
-                out.errors[m] = error
-            out.seconds["perturb"] += t1 - t0
-            out.seconds["generate"] += t2 - t1
-            out.seconds["restore"] += t3 - t2
-            out.gen_sequences += sum(len(c) for c in completions)
-            out.gen_tokens += sum(x.num_tokens for c in completions for x in c)
-            if on_member:
-                on_member()
-        return out
-
-    def apply_update(self, iteration: int, update: Update) -> None:
-        if update.applies:
-            self.params.apply_update(iteration, update.coefficients, update.scale)
-            self.generator.sync_weights()
+METHOD = "es"
 
 
 def training_batch(task: Task, tokenizer, seed: int, iteration: int, count: int) -> tuple[list[Example], list[str]]:
@@ -118,12 +55,56 @@ def training_batch(task: Task, tokenizer, seed: int, iteration: int, count: int)
     return examples, [task.render_prompt(ex, tokenizer) for ex in examples]
 
 
-def build_paramset(model, cfg) -> ParamSet:
+def build_paramset(model, cfg, header: dict | None = None) -> ParamSet:
+    """The ``ParamSet`` of the parameters ``es.params`` / ``es.param_regex`` select, with the run's noise.
+
+    ``header``: the seed-log header of an existing run (resume, replay); the noise is rebuilt exactly
+    as the run drew it, after ``check_header`` confirmed that the config describes the same run."""
     es = cfg.es
     params = ParamSet(model, None, categories=tuple(es.params), regex=es.param_regex)
     device = params.tensors[0].device
-    params.noise = make_noise(es.noise, derive_seed(cfg.run.seed, "noise"), params.largest_numel, es.noise_table_size, device)
+    if header is None:
+        params.noise = make_noise(es.noise, derive_seed(cfg.run.seed, "noise"), params.layout, es.noise_table_size, device)
+    else:
+        check_header(header, params, cfg)
+        params.noise = noise_from_header(header["noise"], params.layout, device)
     return params
+
+
+def run_header(params: ParamSet, cfg, layout: list[tuple[int, int]]) -> dict:
+    """The first record of a run's seed log: everything replay needs besides the updates."""
+    es = cfg.es
+    return {"kind": "header", "noise": params.noise.describe(), "estimator": es.estimator, "population": es.population,
+            "sigma": es.sigma, "lr": es.lr, "divide_by_sigma": es.divide_by_sigma, "shaping": es.shaping, "layout": layout,
+            "params": params.names, "param_indices": params.indices, "numel": params.numel,
+            "perturb": {"arithmetic": PERTURB_ARITHMETIC, "path": params.perturb_path}}
+
+
+def seed_log_header(records: list[dict]) -> dict | None:
+    return next((r for r in records if r.get("kind") == "header"), None)
+
+
+def check_header(header: dict, params: ParamSet, cfg) -> None:
+    """Refuse (one line) a config that would continue or replay a run with other noise or parameters
+    than its seed log was written with; never a silent divergence."""
+    noise = header.get("noise") or {}
+    problems = []
+    if noise.get("kind") != cfg.es.noise:
+        problems.append(f"es.noise is '{cfg.es.noise}' but the run drew '{noise.get('kind')}' noise")
+    if "seed" in noise and int(noise["seed"]) != derive_seed(cfg.run.seed, "noise"):
+        problems.append("run.seed is not the seed the run's noise was drawn from")
+    if cfg.es.noise_table_size and noise.get("kind") == "table" and int(noise.get("size", 0)) != cfg.es.noise_table_size:
+        problems.append(f"es.noise_table_size is {cfg.es.noise_table_size} but the run's table had {noise.get('size')} entries")
+    if header.get("params") is not None and list(header["params"]) != params.names:
+        problems.append("es.params / es.param_regex select other parameters than the run perturbed")
+    elif noise.get("scheme") == "member" and int(noise.get("total", params.numel)) != params.numel:
+        problems.append("the model's selected parameters differ in size from the run's")
+    arithmetic = (header.get("perturb") or {}).get("arithmetic")
+    if arithmetic is not None and arithmetic != PERTURB_ARITHMETIC:
+        problems.append(f"the run perturbed with '{arithmetic}' arithmetic, this evolm with '{PERTURB_ARITHMETIC}'")
+    if problems:
+        raise ConfigError("the config does not describe the run in its seed log: " + "; ".join(problems)
+                          + " (use the run's own config.toml)")
 
 
 # -- checkpoints ------------------------------------------------------------------------------------
@@ -146,7 +127,7 @@ def _load_masters(params: ParamSet, directory: Path) -> None:
             params.tensors[k].copy_(params.masters[k].view_as(params.tensors[k]))
 
 
-def _float32_model(model, params: ParamSet):
+def float32_model(model, params: ParamSet):
     """The model with float32 weights (the masters when generation runs in lower precision)."""
     if params.masters is None:
         return model
@@ -159,152 +140,101 @@ def _float32_model(model, params: ParamSet):
 
 # -- the loop ---------------------------------------------------------------------------------------
 
-def run_es(cfg, resume: RunDir | None = None, *, model=None, tokenizer=None, task: Task | None = None,
-           generator: Generator | None = None, run_dir: RunDir | None = None,
-           probe: Callable | None = None, callbacks: tuple[Callable, ...] = (), quiet: bool = False) -> RunDir:
-    """Run (or resume) ES post-training described by ``cfg`` (an ``ESJob``); returns the run directory.
+def train(cfg, comps, run: RunDir, start, params: ParamSet, *, probe: Callable | None = None,
+          callbacks: tuple[Callable, ...] = (), say: Say = print, quiet: bool = False) -> TrainResult:
+    """Run ES updates ``start.step`` .. ``es.iterations`` on ``comps`` (a ``jobs.Components``).
 
-    ``model``/``tokenizer``/``task``/``generator`` may be injected (tests, pipelines); otherwise they
-    are built from the config. ``callbacks`` are called as ``cb(step, record)`` after every update.
-    ``probe(model, step) -> dict`` (default: ``heldout.make_probe`` from ``[probe]``) is logged as a
-    ``kind="probe"`` record at step 0, every ``probe.every`` updates and at the end.
+    ``start`` (``jobs.Start``): the step to continue from and, on resume, the checkpoint whose weights
+    and masters are loaded first. ``probe(model, step) -> dict`` is logged every ``probe.every``
+    updates; ``callbacks`` are called as ``cb(step, record)`` after every update.
     """
-    from evolm import models
-    from evolm.backends import make_generator
-    from evolm.tasks import make_task
-
-    say = (lambda *a: None) if quiet else (lambda *a: print(*a, flush=True))
-    torch.set_num_threads(cfg.model.threads)
-    if model is None:
-        model, tokenizer = models.load(cfg.model.spec, dtype=cfg.model.dtype, threads=cfg.model.threads, device=cfg.model.device)
-    if task is None:
-        task = make_task(cfg.task.name, cfg.task.reward, cfg.task.system_prompt, **cfg.task.params)
-    if generator is None:
-        generator = make_generator(cfg.generation.backend, model, tokenizer, cfg.generation.batch_size,
-                                   cfg.generation.prefix_cache)
-
-    start = 0
-    seconds_total = 0.0
-    totals = {"gen_sequences_total": 0, "gen_tokens_total": 0}
-    if resume is not None:
-        run = resume
-        found = run.latest_checkpoint()
-        if found:
-            ckpt, state = found
-            load_weights(model, ckpt)
-            start, seconds_total = int(state["step"]), float(state.get("seconds_total", 0.0))
-            totals = {k: int(state.get(k, 0)) for k in totals}
-            say(f"[evolm] resuming {run.path} from update {start}")
-        run.truncate_after(start)
-        run.update_info(status="running")
-    else:
-        run = run_dir or RunDir.create(cfg.run.out_dir, cfg.run.name, config_mod.to_toml(cfg), kind="es",
-                                       info={"model": cfg.model.spec, "task": cfg.task.name})
-    params = build_paramset(model, cfg)
-    if resume is not None and found:
-        _load_masters(params, found[0])
-    generator.sync_weights()
-    population = LocalPopulation(params, generator, task)
+    model, tokenizer, task, generator = comps.model, comps.tokenizer, comps.task, comps.generator
     es = cfg.es
+    totals = {"seconds_total": 0.0, "gen_sequences_total": 0, "gen_tokens_total": 0}
+    if start.checkpoint is not None:
+        load_weights(model, start.checkpoint)
+        _load_masters(params, start.checkpoint)
+        totals = {"seconds_total": float(start.state.get("seconds_total", 0.0)),
+                  "gen_sequences_total": int(start.state.get("gen_sequences_total", 0)),
+                  "gen_tokens_total": int(start.state.get("gen_tokens_total", 0))}
+        say(f"[evolm] resuming {run.path} from update {start.step}")
+    generator.sync_weights()
+    population = make_population(cfg, params, generator, task)
     layout = member_layout(es.estimator, es.population)
-    if start == 0 and not run.seed_log():
-        run.log_seed({"kind": "header", "noise": params.noise.describe(), "estimator": es.estimator,
-                      "population": es.population, "sigma": es.sigma, "lr": es.lr, "divide_by_sigma": es.divide_by_sigma,
-                      "shaping": es.shaping, "layout": layout, "params": params.names, "param_indices": params.indices,
-                      "numel": params.numel})
+    if start.step == 0 and not run.seed_log():
+        run.log_seed(run_header(params, cfg, layout))
     say(f"[evolm] ES on {cfg.model.spec}: {len(params.names)} tensors, {params.numel:,} parameters, "
         f"N={es.population} ({es.estimator}), sigma={es.sigma}, lr={es.lr}, noise={es.noise}; run dir {run.path}")
 
-    from evolm.heldout import heldout_eval, make_probe, probe_record
-
-    if probe is None:
-        probe = make_probe(cfg, tokenizer, generator, task)
-    logged = {(r.get("kind"), r.get("step")) for r in run.metrics()}  # a resume without checkpoint keeps step 0
-    if cfg.eval.before_after and start == 0 and ("eval", 0) not in logged:
-        heldout_eval(cfg, model, tokenizer, generator, task, run, label="before", step=0, say=say)
-    if probe is not None and start == 0 and ("probe", 0) not in logged:
-        run.log_metrics(probe_record(probe, model, 0, "es"))
-
     sampling_base = dict(n=1, temperature=cfg.generation.temperature, top_p=cfg.generation.top_p,
                          max_new_tokens=cfg.generation.max_new_tokens)
-    from tqdm.auto import tqdm
+    bar = progress_bar(es.iterations * len(layout), "ES", unit="member", initial=start.step * len(layout),
+                       enabled=not quiet and cfg.run.progress)
+    try:
+        for iteration in range(start.step, es.iterations):
+            record = _iteration(cfg, run, population, task, tokenizer, generator, layout, iteration, sampling_base,
+                                totals, bar, quiet)
+            step = record["step"]
+            if probe is not None and cfg.probe.every and step % cfg.probe.every == 0 and step < es.iterations:
+                run.log_metrics(probe_record(probe, model, step, METHOD))
+            if cfg.run.checkpoint_every and step % cfg.run.checkpoint_every == 0 and step < es.iterations:
+                ckpt = run.save_checkpoint(float32_model(model, params), step, {"method": METHOD, **totals},
+                                           keep=cfg.run.keep_checkpoints)
+                _save_masters(params, ckpt)
+            for cb in callbacks:
+                cb(step, record)
+    finally:
+        if bar is not None:
+            bar.close()
+        population.close()
+    return TrainResult(steps=es.iterations, final_model=float32_model(model, params), totals=totals)
 
-    bar = tqdm(total=es.iterations * len(layout), initial=start * len(layout), desc="ES", unit="member",
-               disable=quiet or not cfg.run.progress, dynamic_ncols=True, file=sys.stdout)
-    probe_every = cfg.probe.every
-    for iteration in range(start, es.iterations):
-        t_start = time.perf_counter()
-        examples, prompts = training_batch(task, tokenizer, cfg.run.seed, iteration, es.prompts_per_iteration)
-        sampling = SamplingParams(seed=seed31(cfg.run.seed, "sampling", iteration), **sampling_base)
-        scores = population.score(iteration, layout, es.sigma, examples, prompts, sampling, on_member=lambda: bar.update(1))
-        t_update = time.perf_counter()
-        update = compute_update(scores.fitness, estimator=es.estimator, shaping=es.shaping, lr=es.lr, sigma=es.sigma,
-                                divide_by_sigma=es.divide_by_sigma, errors=scores.errors)
-        population.apply_update(iteration, update)
-        seconds_update = time.perf_counter() - t_update
-        step = iteration + 1
-        fit = np.asarray(scores.fitness, dtype=np.float64)
-        finite = fit[np.isfinite(fit)]
-        record = {
-            "step": step, "method": "es", "kind": "train",
-            "reward_mean": float(finite.mean()) if finite.size else None,
-            "reward_std": float(finite.std()) if finite.size else None,
-            "reward_min": float(finite.min()) if finite.size else None,
-            "reward_max": float(finite.max()) if finite.size else None,
-            "fitness": scores.fitness, "update_status": update.status,
-            "update_norm_coef": float(math.sqrt(sum(c * c for c in update.coefficients))) * update.scale,
-            "seconds_generate": scores.seconds["generate"], "seconds_perturb": scores.seconds["perturb"],
-            "seconds_restore": scores.seconds["restore"], "seconds_update": seconds_update,
-            "gen_sequences": scores.gen_sequences, "gen_tokens": scores.gen_tokens,
-        }
-        totals["gen_sequences_total"] += scores.gen_sequences
-        totals["gen_tokens_total"] += scores.gen_tokens
-        record.update(totals)
-        if update.message:
-            record["message"] = update.message
-            if not quiet:
-                bar.write(f"[evolm] update {step}: {update.message}")
-        if es.eval_center_every and step % es.eval_center_every == 0:
-            t0 = time.perf_counter()
-            center, _ = score_completions(task, examples, generator.generate(prompts, sampling))
-            record["center_reward"] = center
-            record["seconds_center"] = time.perf_counter() - t0
-        record["seconds"] = time.perf_counter() - t_start
-        seconds_total += record["seconds"]
-        record["seconds_total"] = seconds_total
-        record["peak_rss_mb"] = peak_rss_mb()
-        run.log_seed({"step": step, "iteration": iteration, "coefficients": update.coefficients, "scale": update.scale,
-                      "status": update.status, "fitness": scores.fitness})
-        run.log_metrics(record)
-        bar.set_postfix(update=step, reward=f"{record['reward_mean']:.3f}" if finite.size else "nan")
-        if probe is not None and probe_every and step % probe_every == 0 and step < es.iterations:
-            run.log_metrics(probe_record(probe, model, step, "es"))
-        if cfg.run.checkpoint_every and step % cfg.run.checkpoint_every == 0 and step < es.iterations:
-            ckpt = run.save_checkpoint(_float32_model(model, params) if params.masters is not None else model, step,
-                                       {"method": "es", "seconds_total": seconds_total, **totals},
-                                       keep=cfg.run.keep_checkpoints)
-            _save_masters(params, ckpt)
-        for cb in callbacks:
-            cb(step, record)
-    bar.close()
 
-    final_model = _float32_model(model, params)
-    run.save_final(final_model, tokenizer, {"step": es.iterations, "method": "es", "seconds_total": seconds_total, **totals})
-    if probe is not None:
-        run.log_metrics(probe_record(probe, model, es.iterations, "es"))
-    if cfg.eval.before_after:
-        heldout_eval(cfg, model, tokenizer, generator, task, run, label="after", step=es.iterations, say=say)
-    from evolm.plots import plot_training
-
-    plot_training(run)
-    run.finish(steps=es.iterations, seconds_total=seconds_total, peak_rss_mb=peak_rss_mb(), **totals)
-    say(f"[evolm] done: {run.path} (final weights in {run.path / 'final'})")
-    return run
+def _iteration(cfg, run: RunDir, population, task, tokenizer, generator, layout, iteration: int, sampling_base: dict,
+               totals: dict, bar, quiet: bool) -> dict:
+    """One ES update: score, update, log (metrics record + seed-log record); returns the metrics record."""
+    es = cfg.es
+    t_start = time.perf_counter()
+    examples, prompts = training_batch(task, tokenizer, cfg.run.seed, iteration, es.prompts_per_iteration)
+    sampling = SamplingParams(seed=seed31(cfg.run.seed, "sampling", iteration), **sampling_base)
+    scores = population.score(iteration, layout, es.sigma, examples, prompts, sampling,
+                              on_member=(lambda: bar.update(1)) if bar is not None else None)
+    t_update = time.perf_counter()
+    update = compute_update(scores.fitness, estimator=es.estimator, shaping=es.shaping, lr=es.lr, sigma=es.sigma,
+                            divide_by_sigma=es.divide_by_sigma, errors=scores.errors)
+    population.apply_update(iteration, update)
+    seconds_update = time.perf_counter() - t_update
+    step = iteration + 1
+    extra = {"fitness": scores.fitness, "update_status": update.status,
+             "update_norm_coef": float(math.sqrt(sum(c * c for c in update.coefficients))) * update.scale,
+             "seconds_generate": scores.seconds["generate"], "seconds_perturb": scores.seconds["perturb"],
+             "seconds_restore": scores.seconds["restore"], "seconds_update": seconds_update}
+    if update.message:
+        extra["message"] = update.message
+        if not quiet:
+            (bar.write if bar is not None else print)(f"[evolm] update {step}: {update.message}")
+    if es.eval_center_every and step % es.eval_center_every == 0:
+        t0 = time.perf_counter()
+        extra["center_reward"], _ = score_completions(task, examples, generator.generate(prompts, sampling))
+        extra["seconds_center"] = time.perf_counter() - t0
+    seconds = time.perf_counter() - t_start
+    totals["seconds_total"] += seconds
+    totals["gen_sequences_total"] += scores.gen_sequences
+    totals["gen_tokens_total"] += scores.gen_tokens
+    record = train_record(step, METHOD, scores.fitness, seconds=seconds, gen_sequences=scores.gen_sequences,
+                          gen_tokens=scores.gen_tokens, totals=totals, **extra)
+    run.log_seed({"step": step, "iteration": iteration, "coefficients": update.coefficients, "scale": update.scale,
+                  "status": update.status, "fitness": scores.fitness})
+    run.log_metrics(record)
+    if bar is not None:
+        bar.set_postfix(update=step, reward="nan" if record["reward_mean"] is None else f"{record['reward_mean']:.3f}")
+    return record
 
 
 def replay(model, seed_log: list[dict], cfg) -> ParamSet:
-    """Re-apply a run's logged updates to ``model`` (the base weights) in order; returns the ParamSet."""
-    params = build_paramset(model, cfg)
+    """Re-apply a run's logged updates to ``model`` (the base weights) in order; returns the ParamSet.
+    The noise is rebuilt from the log's header (checked against ``cfg``)."""
+    params = build_paramset(model, cfg, seed_log_header(seed_log))
     for record in seed_log:
         if record.get("status") == "applied":
             params.apply_update(int(record["iteration"]), record["coefficients"], float(record["scale"]))

@@ -35,7 +35,9 @@ import torch
 from evolm.backends.base import SamplingParams
 from evolm.seeding import derive_seed, seed31
 from evolm.es.params import ParamSet
+from evolm.es.population import LocalPopulation
 from evolm.es.update import compute_update, member_layout
+from evolm.models import fingerprint
 
 
 def _correct(task, examples, completions) -> list[list[int]]:
@@ -45,12 +47,6 @@ def _correct(task, examples, completions) -> list[list[int]]:
 def _rewards(task, examples, completions) -> float:
     values = [float(task.reward(c.text, ex)) for ex, outs in zip(examples, completions) for c in outs]
     return float(np.mean(values)) if values else float("nan")
-
-
-def _fingerprint(model) -> str:
-    from evolm.models import fingerprint
-
-    return fingerprint(model)
 
 
 def population_correctness(params: ParamSet, generator, task, tokenizer, examples, *, sigma: float,
@@ -68,7 +64,7 @@ def population_correctness(params: ParamSet, generator, task, tokenizer, example
     center_n = int(center_samples or population * samples_per_member)
     prompts = [task.render_prompt(ex, tokenizer) for ex in examples]
     model = getattr(generator, "model", None)
-    before = _fingerprint(model) if model is not None else None
+    before = fingerprint(model) if model is not None else None
     shared = seed31(seed, "diversity-sampling")
 
     def sampling(n: int, key) -> SamplingParams:
@@ -93,7 +89,7 @@ def population_correctness(params: ParamSet, generator, task, tokenizer, example
     outs = generator.generate(prompts, sampling(center_n, ("center",)))
     center_correct = _correct(task, examples, outs)
     tokens += sum(c.num_tokens for o in outs for c in o)
-    if model is not None and _fingerprint(model) != before:
+    if model is not None and fingerprint(model) != before:
         raise RuntimeError("weights changed during the population measurement (perturb/restore is not exact)")
     return {
         "member_correct": member_correct, "center_correct": center_correct, "center_samples": population,
@@ -159,14 +155,12 @@ def update_samples(params: ParamSet, generator, task, tokenizer, examples, *, es
     Returns ``vectors`` (R x K array), per-repeat ``fitness``, ``status``, ``coefficients`` and
     ``scale``, the subset size, seconds, and ``weights_unchanged``.
     """
-    from evolm.es.engine import LocalPopulation
-
     sampling = sampling or SamplingParams(n=1, temperature=0.0, max_new_tokens=32, seed=seed31(seed, "update-variance-sampling"))
     prompts = [task.render_prompt(ex, tokenizer) for ex in examples]
     layout = member_layout(estimator, population)
     subset = subset or coordinate_subset(params, coords, seed)
     model = getattr(generator, "model", None)
-    before = _fingerprint(model) if model is not None else None
+    before = fingerprint(model) if model is not None else None
     pop = LocalPopulation(params, generator, task)
     t0 = time.perf_counter()
     vectors, fitness, status, coefficients, scales, tokens = [], [], [], [], [], 0
@@ -182,7 +176,7 @@ def update_samples(params: ParamSet, generator, task, tokenizer, examples, *, es
         coefficients.append(upd.coefficients)
         scales.append(upd.scale)
         tokens += scores.gen_tokens
-    if model is not None and _fingerprint(model) != before:
+    if model is not None and fingerprint(model) != before:
         raise RuntimeError("weights changed during the update-variance measurement (perturb/restore is not exact)")
     return {"vectors": np.stack(vectors) if vectors else np.zeros((0, subset.size)), "fitness": fitness, "status": status,
             "coefficients": coefficients, "scale": scales, "coordinates": subset.size, "of_coordinates": subset.total,

@@ -8,10 +8,14 @@ Design decisions:
   embedding and LM head) are one tensor and are perturbed once, under their first name.
 - Each selected tensor has a fixed index (its position in the model's ``named_parameters`` order) that
   keys its noise, so restricting ES to a subset does not change the noise a tensor receives.
-- float32 models (the default): perturbation happens in place, ``theta' = theta + a * eps`` with
-  ``a = sign * sigma`` (one ``torch.add(..., alpha=a)``). Restore computes ``theta' - a * eps`` with the
-  same kernel, which returns the original value for all but ~0.6% of elements (floating-point
-  addition is not invertible). Perturb runs that very restore computation on each chunk, compares,
+- One arithmetic on every path: the perturbation is ``d = a * eps`` rounded to float32 (``a = sign *
+  sigma``), then ``theta' = theta + d``; restore computes ``theta' - d``. Never a fused multiply-add
+  (``torch.add(..., alpha=a)`` fuses on CPUs with FMA): the compiled kernel (built with
+  ``-ffp-contract=off``) and the torch ops round the same two operations, so a member's weights are
+  bit-identical whichever path (or process, or backend using ``ParamSet``) computes them
+  (``PERTURB_ARITHMETIC``, recorded in every run's seed-log header and checked on resume).
+- float32 models (the default): perturbation happens in place. Restore returns the original value
+  for all but ~0.6% of elements (floating-point addition is not invertible). Perturb runs that very restore computation on each chunk, compares,
   and records the original values of the elements that would not come back; restore writes them
   back. Restore is therefore bit-exact (tested over many cycles) at the cost of the sparse corrections
   (~10 MB for 134M parameters at sigma 1e-3), not of a second copy of the model. Arithmetic runs in
@@ -33,10 +37,13 @@ import re
 import torch
 
 from evolm.categories import param_category
+from evolm.errors import ConfigError
 from evolm.es import fused
 from evolm.es.noise import NoiseSource
 
 CHUNK = 1 << 20
+PERTURB_ARITHMETIC = "product-rounded-then-add"
+"""How a perturbation is computed (``d = a * eps`` rounded, then ``theta + d``); recorded in seed-log headers."""
 
 
 def select_parameters(model, categories=("all",), regex: str = "") -> list[tuple[int, str, torch.nn.Parameter]]:
@@ -80,8 +87,6 @@ class ParamSet:
         self.noise = noise
         selected = select_parameters(model, categories, regex)
         if not selected:
-            from evolm.errors import ConfigError
-
             raise ConfigError(f"es.params={list(categories)} with es.param_regex='{regex}' selects no parameters of this model")
         self.indices = [i for i, _, _ in selected]
         self.names = [n for _, n, _ in selected]
@@ -99,6 +104,20 @@ class ParamSet:
     def largest_numel(self) -> int:
         return max(t.numel() for t in self.tensors)
 
+    @property
+    def layout(self) -> list[tuple[int, int]]:
+        """``(noise index, numel)`` of every selected tensor, in order: the flattened parameter vector."""
+        return [(i, t.numel()) for i, t in zip(self.indices, self.tensors)]
+
+    @property
+    def perturb_path(self) -> str:
+        """Which code perturbs: ``masters`` (lower-precision model), ``kernel`` (evolm.es.fused) or ``torch``.
+        Asking builds the kernel if it is not built yet (a one-off cost kept out of timed loops)."""
+        if self.masters is not None:
+            return "masters"
+        t = self.tensors[0]
+        return "kernel" if fused.usable(t, t) and fused.kernel() is not None else "torch"
+
     def _eps(self, k: int, iteration: int, direction: int) -> torch.Tensor:
         return self.noise.direction(iteration, direction, self.indices[k], self.tensors[k].numel())
 
@@ -115,7 +134,7 @@ class ParamSet:
             eps = self._eps(k, iteration, direction)
             flat = live.view(-1)
             if self.masters is not None:
-                live.copy_((self.masters[k].view(-1) + eps * factor).view_as(live))
+                live.copy_((self.masters[k].view(-1) + eps * factor).view_as(live))  # product rounded, then added
                 continue
             kern = fused.kernel() if fused.usable(live, eps) else None
             used_kernel.append(kern is not None)
@@ -124,12 +143,13 @@ class ParamSet:
                 if where.numel():
                     self._corrections.append((k, where, values))
                 continue
-            new, back = self._buffers(live.device)
+            new, back, d = self._buffers(live.device)
             for a in range(0, flat.numel(), CHUNK):
                 theta = flat[a:a + CHUNK]
                 m = theta.numel()
-                torch.add(theta, eps[a:a + CHUNK], alpha=factor, out=new[:m])
-                torch.add(new[:m], eps[a:a + CHUNK], alpha=-factor, out=back[:m])  # what restore() will compute
+                torch.mul(eps[a:a + CHUNK], factor, out=d[:m])  # rounded: no fused multiply-add
+                torch.add(theta, d[:m], out=new[:m])
+                torch.sub(new[:m], d[:m], out=back[:m])  # what restore() will compute
                 where = _bitwise_mismatches(back[:m], theta)
                 if where.numel():
                     self._corrections.append((k, where + a, theta[where].clone()))
@@ -153,16 +173,19 @@ class ParamSet:
             if self._used_kernel[k]:  # the same arithmetic the perturb predicted
                 fused.kernel().restore(flat, eps, factor)
                 continue
+            _, _, d = self._buffers(live.device)
             for a in range(0, flat.numel(), CHUNK):
-                flat[a:a + CHUNK].add_(eps[a:a + CHUNK], alpha=-factor)
+                m = min(CHUNK, flat.numel() - a)
+                torch.mul(eps[a:a + CHUNK], factor, out=d[:m])
+                flat[a:a + CHUNK].sub_(d[:m])
         for k, where, values in self._corrections:
             self.tensors[k].view(-1)[where] = values
         self._corrections = []
         self._perturbed = None
 
-    def _buffers(self, device) -> tuple[torch.Tensor, torch.Tensor]:
+    def _buffers(self, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if getattr(self, "_buf", None) is None or self._buf[0].device != torch.device(device):
-            self._buf = (torch.empty(CHUNK, device=device), torch.empty(CHUNK, device=device))
+            self._buf = tuple(torch.empty(CHUNK, device=device) for _ in range(3))
         return self._buf
 
     @property

@@ -23,6 +23,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
+from evolm.errors import ConfigError
 from evolm.rewards import REWARDS, Verdict
 
 
@@ -46,8 +47,6 @@ class Task(ABC):
 
     def __init__(self, reward: str = "qiu", system_prompt: str | None = None, **params: Any):
         if reward not in REWARDS:
-            from evolm.errors import ConfigError
-
             raise ConfigError(f"task.reward must be one of {sorted(REWARDS)} (got '{reward}')")
         self.reward_name = reward
         self.system_prompt = self.instruction if system_prompt is None else system_prompt
@@ -56,8 +55,6 @@ class Task(ABC):
     def configure(self, **params: Any) -> None:
         """Take task knobs; the default accepts none."""
         if params:
-            from evolm.errors import ConfigError
-
             raise ConfigError(f"task '{self.name}' takes no params (got {sorted(params)})")
 
     # -- data --------------------------------------------------------------------------------------

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from evolm.errors import ConfigError, UserError
+from evolm.models import hub_reachable
 from evolm.resources import package_file
 from evolm.tasks.base import Example, Task
 
@@ -93,10 +94,7 @@ def read_arrow_dir(path: str | Path) -> list[dict]:
     files = sorted(path.glob("data-*.arrow")) or sorted(path.glob("*.arrow"))
     if not files:
         raise UserError(f"{path} holds no .arrow files; point at a directory written by Dataset.save_to_disk")
-    try:
-        import pyarrow as pa
-    except ImportError:
-        raise UserError("reading saved datasets needs pyarrow: pip install pyarrow") from None
+    import pyarrow as pa  # a dependency, but slow to import; only dataset-backed tasks read arrow files
     rows: list[dict] = []
     for file in files:
         with pa.memory_map(str(file)) as source:
@@ -140,10 +138,7 @@ def read_table(path: str | Path) -> list[dict]:
             with open(path, newline="", encoding="utf-8") as f:
                 return list(csv.DictReader(f))
         if name.endswith(".parquet"):
-            try:
-                import pyarrow.parquet as pq
-            except ImportError:
-                raise UserError("reading parquet files needs pyarrow: pip install pyarrow") from None
+            import pyarrow.parquet as pq  # a dependency, but slow to import
             return pq.read_table(path).to_pylist()
     except (json.JSONDecodeError, UnicodeDecodeError, csv.Error) as e:
         raise UserError(f"cannot read {path}: {e}") from None
@@ -163,9 +158,7 @@ def load_hub_dataset(name: str, config: str | None, split: str) -> list[dict]:
         import datasets
     except ImportError:
         raise UserError(f"loading the Hugging Face dataset '{name}' needs the datasets package: pip install datasets") from None
-    from evolm.models import _hub_reachable
-
-    if not _hub_reachable():
+    if not hub_reachable():
         raise UserError(f"cannot reach the Hugging Face hub to load dataset '{name}' (offline); fetch it elsewhere and set "
                         f"task param path=FILE (JSONL, CSV, parquet or a save_to_disk directory)")
     try:

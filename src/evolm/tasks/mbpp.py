@@ -26,6 +26,7 @@ import ast
 import gzip
 import json
 import random
+from abc import abstractmethod
 import re
 from functools import lru_cache
 from typing import Sequence
@@ -101,8 +102,9 @@ class CodeTask(Task):
         self.memory_mb = int(memory_mb)
 
     # -- data --------------------------------------------------------------------------------------
+    @abstractmethod
     def load(self) -> Sequence[Example]:
-        raise NotImplementedError
+        """Every problem of the benchmark, in dataset order."""
 
     def examples(self, split: str = "test", count: int | None = None, seed: int = 0) -> list[Example]:
         """All problems in dataset order (``count=None``), or ``count`` of them drawn without
@@ -122,8 +124,9 @@ class CodeTask(Task):
     def extract_answer(self, completion: str) -> str | None:
         return extract_code(completion)
 
+    @abstractmethod
     def program(self, code: str, example: Example) -> tuple[str, str]:
-        raise NotImplementedError
+        """The solution file and the test file that run the model's ``code`` against ``example``."""
 
     def run_program(self, code: str, example: Example) -> sandbox.SandboxResult:
         """Run extracted ``code`` against the example's tests in the sandbox."""

@@ -1,0 +1,46 @@
+"""What several verbs share: the ``--config/--set/--resume`` options and turning them into a job config."""
+
+from __future__ import annotations
+
+import argparse
+
+from evolm import config
+from evolm.errors import UserError
+from evolm.runs import RunDir
+
+
+def add_config_args(p: argparse.ArgumentParser, example_set: str = "es.sigma=0.002") -> None:
+    p.add_argument("--config", "-c", metavar="FILE", help="TOML config file (see `evolm config`)")
+    p.add_argument("--set", "-s", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help=f"override a config field, e.g. --set {example_set} (repeatable; values are TOML literals)")
+
+
+def job_config(kind: str, args, verb: str | None = None):
+    """``(cfg, resume)`` for a job verb: the config of ``--resume RUN_DIR`` (whose kind must be ``kind``)
+    or of ``--config FILE``, with ``--set`` overrides applied and validated."""
+    from evolm.jobs import check_kind  # the job modules import torch: only when a job verb runs
+    from evolm.registry import job_kind
+
+    job = job_kind(kind)
+    if getattr(args, "resume", None):
+        run = RunDir.open(args.resume)
+        check_kind(run, kind)  # before parsing: another kind's config has sections this one lacks
+        return config.load(job.config_class, run.config_path, args.overrides), run
+    if not args.config:
+        raise UserError(f"evolm {verb or kind} needs --config FILE (or --resume RUN_DIR); "
+                        f"`evolm config {kind}` prints every field")
+    return config.load(job.config_class, args.config, args.overrides), None
+
+
+def before_after_table(before: dict, after: dict, ks) -> str:
+    """The held-out summary before and after training as an aligned text table (greedy, pass@k,
+    entropy, distinct correct answers, and the change)."""
+    rows = [("greedy accuracy", "greedy")] + [(f"pass@{k} (T=1)", f"pass@{k}") for k in ks] + [
+        ("token entropy (nats)", "entropy"), ("distinct correct answers", "distinct_correct")]
+    lines = [f"{'held-out metric':<26}{'before':>10}{'after':>10}{'change':>10}"]
+    for label, key in rows:
+        b, a = before.get(key), after.get(key)
+        if b is None or a is None:
+            continue
+        lines.append(f"{label:<26}{b:>10.3f}{a:>10.3f}{a - b:>+10.3f}")
+    return "\n".join(lines)

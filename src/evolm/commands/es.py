@@ -1,0 +1,22 @@
+"""``evolm es``: ES post-training from a TOML config (``jobs.run_es``)."""
+
+from __future__ import annotations
+
+from evolm.commands.common import add_config_args, job_config
+
+
+def register(sub) -> None:
+    p = sub.add_parser("es", help="ES post-training from a TOML config",
+                       description="Run ES post-training. Writes runs/<name>/ with the resolved config, metrics.jsonl, "
+                                   "seed_log.jsonl, checkpoints/ and final/.")
+    add_config_args(p)
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue a killed run from its newest checkpoint (bit-identical result)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from evolm.jobs import run_es  # torch: imported when a verb runs, not for `evolm --help`
+
+    cfg, resume = job_config("es", args)
+    run_es(cfg, resume=resume)
+    return 0

@@ -1,0 +1,103 @@
+"""Populations: who scores the ES members of an iteration and applies the update to the weights.
+
+A population has two calls, the seam where scale lives:
+
+- ``score(iteration, layout, sigma, examples, prompts, sampling, on_member)`` -> ``MemberScores``: the
+  fitness of every member ``(direction, sign)`` of ``layout`` (mean task reward over the iteration's
+  prompts), in layout order, with cost counters;
+- ``apply_update(iteration, update)``: add ``update.scale * sum_d c_d eps_d`` to the weights.
+
+Members are pure functions of ``(run seed, iteration, direction, sign)``, so the result must not depend
+on which process, backend or machine scored them. ``LocalPopulation`` scores them one after another
+in this process: perturb (``ParamSet``), generate with the iteration's shared sampling seed, restore
+bit for bit, score.
+
+Design decisions:
+
+- A reward function that raises gives the member a NaN fitness and its message
+  (``score_completions``); ``compute_update`` then skips the update, so a broken reward never reaches
+  the weights and never takes the run down.
+- ``generator.sync_weights()`` follows every change of the weights, for backends that keep their own
+  copy (the HF backend shares the tensors and does nothing).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from evolm.backends.base import Generator, SamplingParams
+from evolm.es.params import ParamSet
+from evolm.es.update import Update
+from evolm.tasks.base import Example, Task
+
+
+@dataclass
+class MemberScores:
+    fitness: list[float]
+    errors: dict[int, str] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=lambda: {"generate": 0.0, "perturb": 0.0, "restore": 0.0})
+    gen_sequences: int = 0
+    gen_tokens: int = 0
+
+
+def score_completions(task: Task, examples: list[Example], completions) -> tuple[float, str | None]:
+    """Mean reward over all completions of all examples; a reward that raises gives NaN and its message."""
+    rewards = []
+    try:
+        for example, outs in zip(examples, completions):
+            rewards += [float(task.reward(c.text, example)) for c in outs]
+    except Exception as e:  # a broken reward must not take the run down or reach the weights
+        return float("nan"), f"{type(e).__name__}: {e}"
+    return (float(np.mean(rewards)) if rewards else float("nan")), None
+
+
+class LocalPopulation:
+    """Scores ES members one after another on this process's model."""
+
+    def __init__(self, params: ParamSet, generator: Generator, task: Task):
+        self.params = params
+        self.generator = generator
+        self.task = task
+
+    def score(self, iteration: int, layout: list[tuple[int, int]], sigma: float, examples: list[Example],
+              prompts: list[str], sampling: SamplingParams, on_member: Callable[[], None] | None = None) -> MemberScores:
+        out = MemberScores(fitness=[])
+        for m, (direction, sign) in enumerate(layout):
+            t0 = time.perf_counter()
+            self.params.perturb(iteration, direction, sign, sigma)
+            self.generator.sync_weights()
+            t1 = time.perf_counter()
+            completions = self.generator.generate(prompts, sampling)
+            t2 = time.perf_counter()
+            self.params.restore()
+            self.generator.sync_weights()
+            t3 = time.perf_counter()
+            fitness, error = score_completions(self.task, examples, completions)
+            out.fitness.append(fitness)
+            if error:
+                out.errors[m] = error
+            out.seconds["perturb"] += t1 - t0
+            out.seconds["generate"] += t2 - t1
+            out.seconds["restore"] += t3 - t2
+            out.gen_sequences += sum(len(c) for c in completions)
+            out.gen_tokens += sum(x.num_tokens for c in completions for x in c)
+            if on_member:
+                on_member()
+        return out
+
+    def apply_update(self, iteration: int, update: Update) -> None:
+        if update.applies:
+            self.params.apply_update(iteration, update.coefficients, update.scale)
+            self.generator.sync_weights()
+
+    def close(self) -> None:
+        """Release what the population holds (nothing for a local one)."""
+
+
+def make_population(cfg, params: ParamSet, generator: Generator, task: Task) -> LocalPopulation:
+    """The population an ES job's config asks for (local: this process, one member after another)."""
+    return LocalPopulation(params, generator, task)

@@ -1,0 +1,78 @@
+"""The package's layers (docs/architecture.md): a module imports only from its own layer or below.
+
+Every ``import evolm...`` / ``from evolm... import`` in the package, at module top level or inside a
+function, is checked against the layer table, so an arrow that points back up fails here.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import evolm
+
+ROOT = Path(evolm.__file__).parent
+
+LAYERS = [
+    ("bottom", {"__init__", "errors", "seeding", "categories", "metrics", "rewards", "sandbox", "resources", "markdown",
+                "console"}),
+    ("core", {"config", "models", "runs", "tasks", "backends", "plots"}),
+    ("measure", {"evaluate", "heldout"}),
+    ("engines", {"es", "grpo"}),
+    ("jobs", {"jobs", "pipeline", "registry", "sweep"}),
+    ("results", {"analysis", "report"}),
+    ("commands", {"commands", "__main__"}),
+]
+
+
+def layer_of(module: str) -> int:
+    """Layer index of ``evolm.<top>...`` (the first component below ``evolm``)."""
+    parts = module.split(".")
+    top = parts[1] if len(parts) > 1 else "__init__"
+    for i, (_, names) in enumerate(LAYERS):
+        if top in names:
+            return i
+    raise AssertionError(f"{module} is in no layer of tests/test_architecture.py: add it (and to docs/architecture.md)")
+
+
+def evolm_imports(path: Path) -> list[tuple[int, str]]:
+    """(line, imported evolm module) for every import in ``path``."""
+    tree = ast.parse(path.read_text())
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and node.module.split(".")[0] == "evolm":
+            if node.module == "evolm":  # from evolm import config, models -> each name is a module
+                out += [(node.lineno, f"evolm.{a.name}") for a in node.names if a.name != "__version__"]
+            else:
+                out.append((node.lineno, node.module))
+        elif isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names if a.name.split(".")[0] == "evolm"]
+    return out
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT.parent).with_suffix("")
+    return ".".join(rel.parts).removesuffix(".__init__") if rel.name == "__init__" and len(rel.parts) > 2 else ".".join(rel.parts)
+
+
+def test_no_module_imports_upward():
+    upward = []
+    for path in sorted(ROOT.rglob("*.py")):
+        name = module_name(path)
+        own = layer_of(name)
+        for line, imported in evolm_imports(path):
+            if layer_of(imported) > own:
+                upward.append(f"{path.relative_to(ROOT)}:{line} ({LAYERS[own][0]}) imports {imported} "
+                              f"({LAYERS[layer_of(imported)][0]})")
+    assert not upward, "imports that point up the layers:\n" + "\n".join(upward)
+
+
+def test_the_layer_table_knows_every_module():
+    for path in ROOT.rglob("*.py"):
+        layer_of(module_name(path))
+
+
+def test_the_checker_sees_local_imports(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text("def f():\n    from evolm.report import build_report\n")
+    assert evolm_imports(f) == [(2, "evolm.report")]
