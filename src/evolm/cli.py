@@ -117,14 +117,14 @@ def _extra_verbs():
     """Verbs implemented in other modules register themselves through ``add_cli(subparsers)``."""
     import importlib
 
-    for module in ("evolm.evaluate", "evolm.grpo", "evolm.pipeline", "evolm.analysis.cli", "evolm.sweep", "evolm.report"):
+    for module in ("evolm.evaluate", "evolm.grpo", "evolm.pipeline", "evolm.commands.analyze", "evolm.sweep", "evolm.commands.report"):
         try:
             mod = importlib.import_module(module)
         except ModuleNotFoundError as e:
             if e.name and e.name.startswith("evolm"):
                 continue
             raise
-        yield mod.add_cli
+        yield getattr(mod, "register", None) or mod.add_cli  # evolm.commands.* modules define register(subparsers)
 
 
 def main(argv: list[str] | None = None) -> int:
