@@ -56,7 +56,7 @@ class Reader:
             value = read()
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
-        except ValueError as e:  # json.JSONDecodeError
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise UserError(f"{path} is not valid JSON: {e}") from None
         if path.exists():
             self.note([path])
