@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from evolm.analysis import ablations as ab
+from evolm.analysis.update_variance import update_spread
 
 
 def point(assignments, rewards, **extra):
@@ -110,16 +111,16 @@ def test_ablations_for_matches_grid_keys_by_last_component():
 def test_update_spread_known_answers():
     rng = np.random.default_rng(0)
     u = rng.standard_normal(5000)
-    same = ab.update_spread(np.stack([u, u, u]))
+    same = update_spread(np.stack([u, u, u]))
     assert same["mean_pairwise_cosine"] == pytest.approx(1.0) and same["relative_variance"] == pytest.approx(0.0)
     assert same["norm_of_mean_update"] == pytest.approx(np.linalg.norm(u))
-    noise = ab.update_spread(rng.standard_normal((6, 20000)))
+    noise = update_spread(rng.standard_normal((6, 20000)))
     assert abs(noise["mean_pairwise_cosine"]) < 0.03 and noise["relative_variance"] == pytest.approx(1.0, abs=0.05)
-    opposite = ab.update_spread(np.stack([u, -u]))
+    opposite = update_spread(np.stack([u, -u]))
     assert opposite["mean_pairwise_cosine"] == pytest.approx(-1.0)
     # a zero update (no signal) is left out of the cosines but counted in the variance
-    with_zero = ab.update_spread(np.stack([u, u, np.zeros_like(u)]))
+    with_zero = update_spread(np.stack([u, u, np.zeros_like(u)]))
     assert with_zero["nonzero_repeats"] == 2 and with_zero["mean_pairwise_cosine"] == pytest.approx(1.0)
     assert with_zero["cosine_matrix"][2][2] is None
     with pytest.raises(ValueError):
-        ab.update_spread(u[None, :])
+        update_spread(u[None, :])

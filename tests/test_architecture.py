@@ -20,7 +20,7 @@ LAYERS = [
     ("measure", {"evaluate", "heldout"}),
     ("engines", {"es", "grpo"}),
     ("jobs", {"jobs", "pipeline", "registry", "sweep"}),
-    ("results", {"analysis", "report"}),
+    ("results", {"document", "analysis", "report"}),
     ("commands", {"commands", "__main__"}),
 ]
 
@@ -76,3 +76,31 @@ def test_the_checker_sees_local_imports(tmp_path):
     f = tmp_path / "m.py"
     f.write_text("def f():\n    from evolm.report import build_report\n")
     assert evolm_imports(f) == [(2, "evolm.report")]
+
+
+def test_no_two_packages_import_each_other():
+    """Within a layer, imports between top-level modules and packages must not form a cycle."""
+    edges: dict[str, set[str]] = {}
+    for path in ROOT.rglob("*.py"):
+        src = module_name(path).split(".")
+        top = src[1] if len(src) > 1 else "__init__"
+        for _, imported in evolm_imports(path):
+            parts = imported.split(".")
+            dst = parts[1] if len(parts) > 1 else "__init__"
+            if dst != top and "__init__" not in (top, dst):
+                edges.setdefault(top, set()).add(dst)
+    seen, stack = set(), []
+
+    def visit(node):
+        if node in stack:
+            raise AssertionError("import cycle: " + " -> ".join(stack[stack.index(node):] + [node]))
+        if node in seen:
+            return
+        stack.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            visit(nxt)
+        stack.pop()
+        seen.add(node)
+
+    for node in sorted(edges):
+        visit(node)

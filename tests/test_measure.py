@@ -15,8 +15,8 @@ import torch
 
 from conftest import make_tiny_model, make_vowel_task
 from evolm import config
-from evolm.analysis.ablations import update_spread
 from evolm.analysis.diversity import diversity_report, null_js_divergence, verifier_js_divergence
+from evolm.analysis.update_variance import update_spread
 from evolm.backends.hf import HFGenerator
 from evolm.es.engine import build_paramset
 from evolm.es.measure import coordinate_subset, population_correctness, subset_update, update_samples

@@ -5,7 +5,11 @@ render and contain every figure it lists, in the Markdown, on disk and embedded 
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -149,6 +153,11 @@ def test_report_cli_and_errors(inputs, tmp_path, capsys):
     assert main(["report", str(tmp_path / "empty"), "--out", str(out)]) == 2
     assert "is not a run, sweep, eval or analysis directory" in capsys.readouterr().err
     assert main(["report", str(inputs["es"]), "--label", "bad", "--out", str(out)]) == 2
+    capsys.readouterr()
+    (tmp_path / "torn").mkdir()
+    (tmp_path / "torn" / "run.json").write_text('{"kind": "es", "sta')
+    assert main(["report", str(tmp_path / "torn"), "--out", str(out)]) == 2
+    assert "run.json is not valid JSON" in capsys.readouterr().err
 
 
 def _synthetic_sweep(path, grid, curves, statuses=None):
@@ -173,7 +182,7 @@ def _synthetic_sweep(path, grid, curves, statuses=None):
 
 
 def test_report_sigma_estimator_shaping_eval_and_measurements(tmp_path, tokenizer):
-    from evolm.analysis.ablations import update_spread
+    from evolm.analysis.update_variance import update_spread
     from evolm.commands import main
     from evolm.evaluate import evaluate_model
     from evolm.report import build_report
@@ -208,14 +217,28 @@ def test_report_sigma_estimator_shaping_eval_and_measurements(tmp_path, tokenize
 
 
 def test_sparsity_table_shows_the_curve_anchors():
-    from evolm.report import _analysis_rows
+    from evolm.analysis.sparsity import report_table
 
     result = {"metric": "greedy_pass@1", "tau_scale": 1e-4, "tau_scale_source": "seed log",
               "models": {"es": {"taus": [1e-4, 2e-4], "fraction_below": [0.2, 0.6],
                                 "points": [{"tau": 1e-4, "kept_fraction": 0.8, "metrics": {"greedy_pass@1": 0.5}},
                                            {"tau": 2e-4, "kept_fraction": 0.4, "metrics": {"greedy_pass@1": 0.25}}],
                                 "reference": {"base": {"greedy_pass@1": 0.125}, "trained": {"greedy_pass@1": 0.5}}}}}
-    table = _analysis_rows("sparsity", result)
+    table = report_table(result)
     assert [r[0] for r in table.rows] == ["es: base θ0", "es: trained θ0 + Δ", "es", "es"]
     assert [r[-1] for r in table.rows] == [0.125, 0.5, 0.5, 0.25]
     assert [r[3] for r in table.rows] == [0.0, 1.0, 0.8, 0.4]
+
+
+@pytest.mark.parametrize("module", ["evolm.analysis.plots", "evolm.analysis.drift", "evolm.analysis.sparsity",
+                                    "evolm.analysis.localisation", "evolm.analysis.compression", "evolm.analysis.diversity",
+                                    "evolm.analysis.update_variance", "evolm.report", "evolm.document",
+                                    "evolm.commands.analyze", "evolm.commands.report"])
+def test_imported_first_without_torch_or_matplotlib(module):
+    """Each module imports cleanly as the first module of a fresh interpreter, and none of what
+    ``evolm --help`` imports may load torch or matplotlib."""
+    code = (f"import sys, {module}; heavy = [m for m in ('torch', 'matplotlib') if m in sys.modules]; "
+            "assert not heavy, heavy")
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": src})
+    assert proc.returncode == 0, proc.stderr

@@ -1,4 +1,4 @@
-"""Ablation analyses over sweep results, and the spread of the ES update estimate: pure functions.
+"""Ablation analyses over sweep results: pure functions.
 
 A sweep (``evolm sweep``) writes ``sweep_summary.json`` whose ``points`` are plain records::
 
@@ -34,11 +34,8 @@ Definitions (stated once, used everywhere):
 - Grid keys are matched by their last component (``es.population``, ``stages.es.population`` ...);
   the points of a sweep are grouped by their other assignments, so a population × model grid gives
   one scaling analysis per model.
-- ``update_spread(U)`` for R update samples (rows of U, K coordinates each): mean pairwise cosine
-  similarity ``mean_{r<r'} <u_r, u_r'> / (|u_r| |u_r'|)`` (zero vectors are left out), per-coordinate
-  variance ``mean_c var_r(U[r, c])`` (ddof = 1), and ``relative_variance = mean_c var_r / mean_c
-  mean_r U²``: 0 when every repeat gives the same update, about 1 when the repeats share no
-  direction (pure noise).
+
+The spread of the ES update estimate (``evolm analyze update-variance``) is in ``update_variance``.
 """
 
 from __future__ import annotations
@@ -245,38 +242,3 @@ def ablations_for(points, grid_keys, window: int = 1, band: float = 0.005, mode:
         elif name in ABLATIONS:
             out[name] = ABLATIONS[name](points, key, window=window)
     return out
-
-
-# -- the spread of the update estimate ---------------------------------------------------------------
-
-
-def update_spread(vectors) -> dict:
-    """Statistics of R update samples (rows of ``vectors``): see the module docstring."""
-    import numpy as np
-
-    u = np.asarray(vectors, dtype=np.float64)
-    if u.ndim != 2 or u.shape[0] < 2:
-        raise ValueError(f"update_spread needs at least 2 update samples as rows (got shape {u.shape})")
-    r = u.shape[0]
-    norms = np.linalg.norm(u, axis=1)
-    nonzero = norms > 0
-    cos = np.full((r, r), np.nan)
-    idx = np.flatnonzero(nonzero)
-    if idx.size:
-        unit = u[idx] / norms[idx, None]
-        cos[np.ix_(idx, idx)] = unit @ unit.T
-    pairs = [cos[i, j] for i in range(r) for j in range(i + 1, r) if nonzero[i] and nonzero[j]]
-    var = u.var(axis=0, ddof=1)
-    mean_sq = float((u ** 2).mean())
-    mean_vec = u.mean(axis=0)
-    return {
-        "repeats": r, "coordinates": int(u.shape[1]), "nonzero_repeats": int(nonzero.sum()),
-        "mean_pairwise_cosine": float(np.mean(pairs)) if pairs else None,
-        "std_pairwise_cosine": float(np.std(pairs)) if pairs else None,
-        "cosine_matrix": [[None if math.isnan(x) else float(x) for x in row] for row in cos],
-        "mean_coordinate_variance": float(var.mean()),
-        "mean_square": mean_sq,
-        "relative_variance": float(var.mean() / mean_sq) if mean_sq > 0 else None,
-        "mean_update_norm": float(norms.mean()),
-        "norm_of_mean_update": float(np.linalg.norm(mean_vec)),
-    }

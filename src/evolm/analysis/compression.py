@@ -28,6 +28,8 @@ Design decisions:
   ``||C(θ) − θ|| / ||θ||`` over the compressed tensors and, for a trained model, how large that
   error is next to the training update in the same tensors (``error_to_update = ||C(θ) − θ|| / ||θ − θ0||``):
   above 1, compression moves those weights further than training did.
+- The report section (``report_section``) lives here, next to the computation: every (model, method)
+  row's metric, weight error, error / update and zero fraction, beside ``plots.plot_compression``.
 """
 
 from __future__ import annotations
@@ -35,9 +37,10 @@ from __future__ import annotations
 import math
 import re
 
+from evolm.analysis import plots, sparsity  # modules, not names: see evolm.report on the import cycle
 from evolm.categories import param_category
-from evolm.analysis.sparsity import Evaluate
 from evolm.errors import UserError
+from evolm.document import Canvas, Section, Table
 
 DEFAULT_CATEGORIES = ("attention", "mlp")
 DEFAULT_METHODS = ("none", "int8", "int4", "prune:0.25", "prune:0.5")
@@ -48,7 +51,7 @@ def fake_quantize(tensor, bits: int, axis: int | None = 0):
 
     Error bound: ``|w − q(w)| ≤ scale / 2`` elementwise with ``scale = max|w_slice| / (2^(bits−1) − 1)``.
     """
-    import torch
+    import torch  # local: torch is slow to import, and `evolm --help` imports this module
 
     if not 2 <= bits <= 16:
         raise ValueError(f"bits must be in [2, 16] (got {bits})")
@@ -62,7 +65,7 @@ def fake_quantize(tensor, bits: int, axis: int | None = 0):
 
 def quantization_scale(tensor, bits: int, axis: int | None = 0):
     """``max|w| / (2^(bits−1) − 1)`` per slice along ``axis`` (keepdim, broadcastable), or per tensor."""
-    import torch
+    import torch  # local: torch is slow to import, and `evolm --help` imports this module
 
     w = tensor.to(torch.float32).abs()
     qmax = 2 ** (bits - 1) - 1
@@ -109,7 +112,7 @@ def _prune_flat(tensors, sparsity: float):
     The threshold is the k-th smallest |w|; entries equal to it are pruned in position order until the
     count is exact, so ties cannot make the achieved sparsity drift from the requested one.
     """
-    import torch
+    import torch  # local: torch is slow to import, and `evolm --help` imports this module
 
     flat = torch.cat([t.detach().flatten().to(torch.float32).abs() for t in tensors])
     count = int(round(sparsity * flat.numel()))
@@ -163,7 +166,7 @@ def weight_error(original: dict, compressed: dict, base: dict | None, names: lis
 
     Also ``zero_fraction``: the fraction of the selected coordinates that are exactly zero after compression.
     """
-    import torch
+    import torch  # local: torch is slow to import, and `evolm --help` imports this module
 
     err = ref = upd = 0.0
     zeros = total = 0
@@ -182,7 +185,7 @@ def weight_error(original: dict, compressed: dict, base: dict | None, names: lis
     return out
 
 
-def compression_table(models: dict, methods, evaluate: Evaluate, base: dict | None = None,
+def compression_table(models: dict, methods, evaluate: sparsity.Evaluate, base: dict | None = None,
                       categories=DEFAULT_CATEGORIES, matrices_only: bool = True) -> dict:
     """Evaluate every ``(label, state)`` in ``models`` under every method; ``base`` enables ``error_to_update``.
 
@@ -206,3 +209,21 @@ def compression_table(models: dict, methods, evaluate: Evaluate, base: dict | No
     return {"methods": list(methods), "categories": list(categories), "matrices_only": matrices_only,
             "compressed_tensors": len(names), "compressed_params": sum(any_state[n].numel() for n in names),
             "rows": rows}
+
+
+# -- report --------------------------------------------------------------------------------------------
+
+REPORT_TEXT = "Fake-quantisation and magnitude pruning, re-evaluated on the target task (`evolm analyze compression`)."
+
+
+def report_table(result: dict) -> Table:
+    """One row per (model, method): the metric, the relative weight error, error / update and the zero fraction."""
+    metric = result.get("metric", "greedy_pass@1")
+    rows = [[r["model"], r["method"], r["metrics"].get(metric), r.get("relative_error"), r.get("error_to_update"),
+             r.get("zero_fraction")] for r in result["rows"]]
+    return Table(["model", "method", metric, "relative weight error", "error / update", "zero fraction"], rows)
+
+
+def report_section(entries, canvas: Canvas) -> Section:
+    """The report section of ``compression.json`` inputs: ``entries`` are ``(label, directory, result)``."""
+    return plots.report_section("compression", REPORT_TEXT, entries, canvas, plots.plot_compression, report_table)

@@ -31,6 +31,8 @@ Design decisions:
 - Sampling each member (perturb, generate, restore) needs the ES engine and lives there
   (``evolm.es.measure.population_correctness``, run by ``evolm analyze diversity --model``); this
   module only turns measured correctness into numbers, a JSON file and a plot.
+- The report section (``report_section``) lives here, next to the computation: coverage, gap, JS
+  divergence and its baseline, and the measurement's setup, beside ``plots.plot_diversity``.
 
 Input file for ``evolm analyze diversity --from FILE`` (JSON)::
 
@@ -46,13 +48,16 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
+from evolm.analysis import plots
 from evolm.errors import UserError
+from evolm.metrics import pass_at_k_problem
+from evolm.document import Canvas, Section, Table
 
 
 def binary_entropy(p):
     """``−p ln p − (1 − p) ln(1 − p)`` elementwise (nats), 0 at p ∈ {0, 1}."""
-    import numpy as np
-
     p = np.clip(np.asarray(p, dtype=np.float64), 0.0, 1.0)
     with np.errstate(divide="ignore", invalid="ignore"):
         h = -(np.where(p > 0, p * np.log(p), 0.0) + np.where(p < 1, (1 - p) * np.log1p(-p), 0.0))
@@ -60,8 +65,6 @@ def binary_entropy(p):
 
 
 def _as_matrix(p_members):
-    import numpy as np
-
     p = np.asarray(p_members, dtype=np.float64)
     if p.ndim != 2 or p.shape[0] < 1 or p.shape[1] < 1:
         raise UserError(f"member probabilities must be a [members][prompts] matrix (got shape {p.shape})")
@@ -76,8 +79,6 @@ def population_coverage(p_members, q_center, n_center: int | None = None) -> dic
     Returns ``population``, ``center``, ``gap`` (population − center), ``num_members``, ``num_prompts``,
     ``center_samples``, and the per-prompt values ``population_per_prompt`` / ``center_per_prompt``.
     """
-    import numpy as np
-
     p = _as_matrix(p_members)
     q = np.asarray(q_center, dtype=np.float64)
     if q.shape != (p.shape[1],):
@@ -103,8 +104,6 @@ def verifier_js_divergence(p_members, per_prompt: bool = False):
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Unbiased pass@k from n samples with c correct: ``1 − C(n − c, k) / C(n, k)`` (needs n ≥ k);
     ``evolm.metrics.pass_at_k_problem``."""
-    from evolm.metrics import pass_at_k_problem
-
     return pass_at_k_problem(n, c, k)
 
 
@@ -113,8 +112,6 @@ def null_js_divergence(center_correct, members: int, samples_per_member: int) ->
     ``members × samples_per_member`` centre samples are split into ``members`` disjoint groups of
     ``samples_per_member`` and their sample means go through ``verifier_js_divergence``. It is the
     value sampling noise alone gives at this sample size (None when the centre has too few samples)."""
-    import numpy as np
-
     need = members * samples_per_member
     if members < 1 or samples_per_member < 1 or any(len(s) < need for s in center_correct):
         return None
@@ -129,8 +126,6 @@ def diversity_from_samples(member_correct, center_correct, n_center: int | None 
     Member probabilities are sample means; the centre's coverage uses unbiased pass@N when it has at
     least N samples per prompt (``center_estimator`` says "unbiased" or "plug-in").
     """
-    import numpy as np
-
     members = [[np.asarray(s, dtype=np.float64) for s in m] for m in member_correct]
     if not members or any(len(m) != len(members[0]) for m in members):
         raise UserError("member_correct must be [member][prompt][sample] with the same prompts for every member")
@@ -179,3 +174,32 @@ def diversity_report(data: dict) -> dict:
     skip = {"member_correct", "center_correct", "p_members", "q_center", "center_samples"}
     out["input"] = {k: v for k, v in data.items() if k not in skip}
     return out
+
+
+# -- report --------------------------------------------------------------------------------------------
+
+REPORT_TEXT = ("Lemma 2: one sample per ES population member versus N samples from the centre, and the "
+               "verifier-projected Jensen-Shannon divergence among the members (`evolm analyze diversity`).")
+
+
+def report_table(result: dict) -> Table:
+    """Quantity / value rows: coverages, gap, JS divergence and its baseline, sample counts, accuracies, setup."""
+    setup = result.get("setup", {})
+    rows = [["population coverage (1 sample per member)", result["population"]],
+            ["centre coverage (N samples)", result["center"]], ["gap", result["gap"]],
+            ["verifier-projected JSD (nats)", result["js_divergence"]],
+            ["JSD sampling-noise baseline", result.get("js_divergence_null")],
+            ["members N", result["num_members"]], ["prompts", result["num_prompts"]],
+            ["samples per member and prompt", result.get("member_samples_per_prompt")],
+            ["centre samples per prompt", result.get("center_samples_per_prompt")],
+            ["centre estimator", result.get("center_estimator")],
+            ["centre accuracy", result.get("center_accuracy")],
+            ["mean member accuracy", sum(result["member_accuracy"]) / len(result["member_accuracy"])
+             if result.get("member_accuracy") else None]]
+    rows += [[k, setup[k]] for k in ("model", "task", "sigma", "estimator", "temperature") if k in setup]
+    return Table(["quantity", "value"], rows)
+
+
+def report_section(entries, canvas: Canvas) -> Section:
+    """The report section of ``diversity.json`` inputs: ``entries`` are ``(label, directory, result)``."""
+    return plots.report_section("diversity", REPORT_TEXT, entries, canvas, plots.plot_diversity, report_table)

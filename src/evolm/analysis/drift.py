@@ -16,14 +16,18 @@ Design decisions:
   ``share_of_squared_distance`` is ``||Δ_group||² / ||Δ||²``, so the shares of the categories add to 1.
 - Drift is not forgetting (the digest's R5): this module only measures weights; held-out evaluations
   live elsewhere.
+- The report section (``report_section``) lives here, next to the computation: a table of the whole-
+  model and per-category relative distances and shares, beside ``plots.plot_drift``.
 """
 
 from __future__ import annotations
 
 import math
 
-from evolm.categories import CATEGORIES, layer_index, param_category, param_subcategory
+from evolm.analysis import plots
 from evolm.analysis.weights import check_compatible
+from evolm.categories import CATEGORIES, layer_index, param_category, param_subcategory
+from evolm.document import Canvas, Section, Table
 
 
 class _Group:
@@ -63,7 +67,7 @@ def drift(base: dict, trained: dict) -> dict:
     ``max_abs_delta``, ``rms_delta`` and the same fields under ``by_category``, ``by_subcategory``,
     ``by_layer`` (block index, ``"none"`` outside blocks) and ``by_tensor``.
     """
-    import torch
+    import torch  # local: torch is slow to import, and `evolm --help` imports this module
 
     check_compatible(base, trained)
     total = _Group()
@@ -88,3 +92,23 @@ def drift(base: dict, trained: dict) -> dict:
             items = sorted(items, key=lambda kv: (kv[0] == "none", int(kv[0]) if kv[0] != "none" else 0))
         out[group] = {k: g.to_dict(total.delta_sq) for k, g in items if g.num_params or group != "by_category"}
     return out
+
+
+# -- report --------------------------------------------------------------------------------------------
+
+REPORT_TEXT = "Relative parameter drift ‖θ − θ0‖ / ‖θ0‖ per parameter category (`evolm analyze drift`)."
+
+
+def report_table(result: dict) -> Table:
+    """Whole-model and per-category relative distance, and each category's share of ‖Δ‖², per model."""
+    cats = [c for c in CATEGORIES if any(c in m["by_category"] for m in result["models"].values())]
+    rows = [[label, m["relative_distance"]] + [(m["by_category"].get(c) or {}).get("relative_distance") for c in cats] +
+            [(m["by_category"].get(c) or {}).get("share_of_squared_distance") for c in cats]
+            for label, m in result["models"].items()]
+    return Table(["model", "whole model"] + [f"{c} rel." for c in cats] + [f"{c} share of ‖Δ‖²" for c in cats], rows,
+                 "relative distance ‖θ − θ0‖ / ‖θ0‖")
+
+
+def report_section(entries, canvas: Canvas) -> Section:
+    """The report section of ``drift.json`` inputs: ``entries`` are ``(label, directory, result)``."""
+    return plots.report_section("drift", REPORT_TEXT, entries, canvas, plots.plot_drift, report_table)

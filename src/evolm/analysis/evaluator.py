@@ -24,6 +24,8 @@ Design decisions:
 from __future__ import annotations
 
 from evolm.analysis.weights import load_into_model
+from evolm.backends.base import SamplingParams
+from evolm.errors import UserError
 from evolm.metrics import pass_at_k_problem as pass_at_k
 
 
@@ -32,12 +34,10 @@ class TaskEvaluator:
 
     def __init__(self, model, tokenizer, task, examples, n: int = 0, ks=(1,), temperature: float = 1.0,
                  top_p: float = 1.0, max_new_tokens: int = 32, batch_size: int = 32, seed: int = 0):
-        from evolm.backends.hf import HFGenerator
+        from evolm.backends.hf import HFGenerator  # local: imports torch and transformers (slow to import)
 
         bad = [k for k in ks if k > n] if n else []
         if bad:
-            from evolm.errors import UserError
-
             raise UserError(f"pass@{bad[0]} needs at least {bad[0]} samples per example; raise --n to {max(ks)}")
         self.model = model
         self.tokenizer = tokenizer
@@ -51,8 +51,6 @@ class TaskEvaluator:
         self.calls = 0
 
     def __call__(self, state: dict) -> dict:
-        from evolm.backends.base import SamplingParams
-
         load_into_model(self.model, state)
         self.calls += 1
         greedy = self.generator.generate(self.prompts, SamplingParams(n=1, temperature=0.0, max_new_tokens=self.max_new_tokens))

@@ -14,12 +14,16 @@ Design decisions:
   same checkpoints always give the same list.
 - Tied embeddings are counted once, as ``embedding``: for a tied model the embedding row *is* the LM
   head row, which the caller reports as ``tied_embeddings``.
+- The report section (``report_section``) lives here, next to the computation: the top-k counts per
+  category, beside ``plots.plot_localisation``.
 """
 
 from __future__ import annotations
 
-from evolm.categories import CATEGORIES, param_category, param_subcategory
+from evolm.analysis import plots
 from evolm.analysis.weights import check_compatible
+from evolm.categories import CATEGORIES, param_category, param_subcategory
+from evolm.document import Canvas, Section, Table
 
 
 def top_k_localisation(base: dict, trained: dict, k: int = 100) -> dict:
@@ -35,7 +39,7 @@ def top_k_localisation(base: dict, trained: dict, k: int = 100) -> dict:
 
 def top_k_localisations(base: dict, trained: dict, ks) -> dict:
     """``{k: top_k_localisation(base, trained, k)}`` for several k, from one pass over the weights."""
-    import torch
+    import torch  # local: torch is slow to import, and `evolm --help` imports this module
 
     ks = sorted({int(k) for k in ks})
     if not ks or ks[0] < 1:
@@ -83,3 +87,20 @@ def _unravel(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
         out.append(flat % size)
         flat //= size
     return tuple(reversed(out))
+
+
+# -- report --------------------------------------------------------------------------------------------
+
+REPORT_TEXT = "Where the largest-magnitude updates land, counted by parameter category (`evolm analyze localisation`)."
+
+
+def report_table(result: dict) -> Table:
+    """Per model and k: the largest |Δ| and how many of the top k coordinates each category holds."""
+    rows = [[label, k, loc["max_abs_delta"]] + [loc["by_category"].get(c, 0) for c in CATEGORIES]
+            for label, per_k in result["models"].items() for k, loc in per_k.items()]
+    return Table(["model", "k", "max |Δ|"] + list(CATEGORIES), rows, "top-k largest |Δ| coordinates by category")
+
+
+def report_section(entries, canvas: Canvas) -> Section:
+    """The report section of ``localisation.json`` inputs: ``entries`` are ``(label, directory, result)``."""
+    return plots.report_section("localisation", REPORT_TEXT, entries, canvas, plots.plot_localisation, report_table)

@@ -1,21 +1,49 @@
-"""One PNG per analysis, drawn from the same dict that is written as JSON.
+"""One PNG per analysis, drawn from the same dict that is written as JSON, and the report section
+that shows it.
 
-Design decisions: figures are built with ``matplotlib.figure.Figure`` (Agg canvas, no pyplot), so
-plotting never touches global GUI state and works headless; each function takes the analysis result
-exactly as saved and a path, so a plot can be redrawn from the JSON alone.
+Design decisions:
+
+- Figures are built with ``matplotlib.figure.Figure`` (Agg canvas, no pyplot), so plotting never
+  touches global GUI state and works headless; each function takes the analysis result exactly as
+  saved and a path, so a plot can be redrawn from the JSON alone (``evolm analyze`` writes
+  ``<kind>.png`` with it, ``evolm report`` redraws it).
+- ``report_section`` is the layout every analysis's report section shares (its paragraph, then per
+  input the figure and the analysis's own table); each analysis module calls it with its plot and
+  table (``drift.report_section`` ...).
+- matplotlib is imported inside the functions that draw: importing this module (which the ``evolm``
+  command line does) stays fast.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
+
+import numpy as np
 
 from evolm.categories import CATEGORIES
+from evolm.document import Canvas, Figure, Section, Table
+
+
+def report_section(kind: str, text: str, entries, canvas: Canvas, plot: Callable[[dict, Path], Path],
+                   table: Callable[[dict], Table]) -> Section:
+    """The report section of one analysis kind: ``text``, then for each ``(label, directory, result)`` in
+    ``entries`` the figure ``plot(result, path)`` draws and the table ``table(result)``."""
+    entries = list(entries)
+    title = kind.replace("_", " ")
+    sec = Section(f"Analysis: {title}", [text])
+    for label, path, result in entries:
+        name = canvas.name(f"{kind}-{label}" if len(entries) > 1 else kind)
+        plot(result, canvas.path(name))
+        sec.blocks.append(Figure(name, f"{title} ({label})", f"from {Path(path) / (kind + '.json')}"))
+        sec.blocks.append(table(result))
+    return sec
 
 
 def _figure(width: float = 7.0, height: float = 4.0):
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure as MplFigure  # local: matplotlib is slow to import, only drawing needs it
 
-    return Figure(figsize=(width, height), dpi=110, layout="constrained")
+    return MplFigure(figsize=(width, height), dpi=110, layout="constrained")
 
 
 def _save(fig, path) -> Path:
@@ -26,8 +54,6 @@ def _save(fig, path) -> Path:
 
 
 def _grouped_bars(ax, groups: list[str], series: dict[str, list[float]], log: bool = False) -> None:
-    import numpy as np
-
     x = np.arange(len(groups))
     width = 0.8 / max(len(series), 1)
     for i, (label, values) in enumerate(series.items()):
@@ -151,7 +177,7 @@ def plot_diversity(result: dict, path) -> Path:
         right.axhline(null, color="gray", ls=":", lw=1.2, label="sampling-noise baseline (centre split)")
         right.legend(fontsize=7)
     right.set_xlabel("prompt")
-    from matplotlib.ticker import MaxNLocator
+    from matplotlib.ticker import MaxNLocator  # local: matplotlib is slow to import, only drawing needs it
 
     right.xaxis.set_major_locator(MaxNLocator(integer=True))
     right.set_ylabel("verifier-projected JSD (nats)")

@@ -21,6 +21,10 @@ run's updates is returned (robust to schedules and outliers). This assumes one c
 ``c⁺ − c⁻``. For GRPO (no seed log), pass the scale explicitly (``tau_scale``), typically the ES run's,
 so both models are thresholded on the same grid. ``tau_grid(scale, multipliers)`` gives
 τ = m × scale for m in ``DEFAULT_MULTIPLIERS``.
+
+The report section (``report_section``) lives here, next to the computation: per model the curve's
+anchors (base θ0 and trained θ0 + Δ) and each τ's fraction below, kept fraction and metric, beside
+``plots.plot_sparsity``.
 """
 
 from __future__ import annotations
@@ -29,9 +33,12 @@ import math
 import statistics
 from typing import Callable
 
-from evolm.categories import CATEGORIES, param_category
+from evolm.analysis import plots
 from evolm.analysis.weights import check_compatible
+from evolm.categories import CATEGORIES, param_category
 from evolm.errors import UserError
+from evolm.markdown import fmt
+from evolm.document import Canvas, Section, Table
 
 DEFAULT_MULTIPLIERS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
 
@@ -71,7 +78,7 @@ def update_sparsity(base: dict, trained: dict, taus) -> dict:
     (of nonzero updates, per τ), ``num_kept`` and ``kept_fraction`` (of all coordinates, per τ), and
     ``by_category`` with ``num_nonzero``, ``fraction_below`` and ``num_kept`` per category.
     """
-    import torch
+    import torch  # local: torch is slow to import, and `evolm --help` imports this module
 
     check_compatible(base, trained)
     taus = [float(t) for t in taus]
@@ -105,7 +112,7 @@ def update_sparsity(base: dict, trained: dict, taus) -> dict:
 
 def threshold_update(base: dict, trained: dict, tau: float) -> dict:
     """``θ0 + Δ·1[|Δ| ≥ τ]``, bit-exact: trained values where ``|θ − θ0| ≥ τ``, base values elsewhere."""
-    import torch
+    import torch  # local: torch is slow to import, and `evolm --help` imports this module
 
     check_compatible(base, trained)
     out = {}
@@ -133,3 +140,33 @@ def sparsity_curve(base: dict, trained: dict, taus, evaluate: Evaluate, multipli
                        "metrics": metrics})
     reference = {"base": evaluate(base) if base_metrics is None else base_metrics, "trained": evaluate(trained)}
     return {**stats, "points": points, "reference": reference}
+
+
+# -- report --------------------------------------------------------------------------------------------
+
+REPORT_TEXT = ("Functional sparsity: how many update coordinates are below a threshold τ, and how the model does "
+               "when only the coordinates with |Δ| ≥ τ are kept (`evolm analyze sparsity`).")
+
+
+def report_table(result: dict) -> Table:
+    """Per model: the curve's anchors θ0 (nothing kept) and θ0 + Δ (everything kept) when re-evaluated,
+    then per τ the fraction of nonzero |Δ| below τ, the kept fraction and the metric of the thresholded model."""
+    metric = result.get("metric", "greedy_pass@1")
+    rows = []
+    for label, m in result["models"].items():
+        points = {p["tau"]: p for p in m.get("points") or []}
+        ref = m.get("reference") or {}
+        if ref.get("base"):
+            rows.append([f"{label}: base θ0", None, None, 0.0, ref["base"].get(metric)])
+        if ref.get("trained"):
+            rows.append([f"{label}: trained θ0 + Δ", 0.0, 0.0, 1.0, ref["trained"].get(metric)])
+        for tau, frac in zip(m["taus"], m["fraction_below"]):
+            p = points.get(tau, {})
+            rows.append([label, tau, frac, p.get("kept_fraction"), (p.get("metrics") or {}).get(metric)])
+    return Table(["model", "τ", "fraction of |Δ| below τ", "kept fraction", f"{metric} of θ0 + Δ·1[|Δ| ≥ τ]"], rows,
+                 f"τ scale {fmt(result.get('tau_scale'))} ({result.get('tau_scale_source', '')})")
+
+
+def report_section(entries, canvas: Canvas) -> Section:
+    """The report section of ``sparsity.json`` inputs: ``entries`` are ``(label, directory, result)``."""
+    return plots.report_section("sparsity", REPORT_TEXT, entries, canvas, plots.plot_sparsity, report_table)

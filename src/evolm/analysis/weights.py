@@ -22,6 +22,9 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from safetensors import safe_open
+
+from evolm import models
 from evolm.errors import UserError
 
 EMBEDDING_NAMES = ("model.embed_tokens.weight", "transformer.wte.weight", "gpt_neox.embed_in.weight",
@@ -45,14 +48,12 @@ class StateInfo:
 
 
 def _weights_dir(spec: str) -> Path:
-    from evolm import models
-
     location = models.local_dir(spec)
     path = Path(location)
     if path.is_dir():
         return path
     try:  # a hub id: only a warm local HF cache will do (no network here)
-        from huggingface_hub import snapshot_download
+        from huggingface_hub import snapshot_download  # local: only hub ids need it (a transformers dependency)
 
         return Path(snapshot_download(location, local_files_only=True))
     except Exception:
@@ -72,8 +73,7 @@ def _safetensors_files(directory: Path) -> list[Path]:
 
 def load_state_info(spec: str) -> tuple[dict, StateInfo]:
     """``(state, info)``: the float32 CPU state dict of ``spec`` (tied tensors once) and how it was read."""
-    import torch
-    from safetensors import safe_open
+    import torch  # local: torch is slow to import, and `evolm --help` imports this module
 
     directory = _weights_dir(str(spec))
     state: dict[str, torch.Tensor] = {}
@@ -108,7 +108,7 @@ def deduplicate_tied(state: dict, by_value: bool = False) -> tuple[dict, dict[st
     LM-head tensor is bit-identical to the embedding (a file that stored both copies of tied weights).
     The embedding name is the one kept.
     """
-    import torch
+    import torch  # local: torch is slow to import, and `evolm --help` imports this module
 
     def rank(name: str) -> tuple:
         return (name in LM_HEAD_NAMES, name)  # keep embeddings over lm_head, else the first name
@@ -145,7 +145,7 @@ def check_compatible(base: dict, trained: dict) -> None:
 
 def load_into_model(model, state: dict) -> None:
     """Copy ``state`` into ``model``'s tensors in place; names must match except for tied aliases."""
-    import torch
+    import torch  # local: torch is slow to import, and `evolm --help` imports this module
 
     own = model.state_dict()
     param_names = {n for n, _ in model.named_parameters(remove_duplicate=False)}

@@ -18,9 +18,7 @@ import argparse
 import sys
 
 from evolm import __version__
-from evolm.analysis import cli as analyze
-from evolm.commands import config, demo, es, eval, grpo, pipeline, sweep
-from evolm import report
+from evolm.commands import analyze, config, demo, es, eval, grpo, pipeline, report, sweep
 from evolm.errors import UserError
 
 VERBS = (demo, es, grpo, pipeline, eval, analyze, sweep, report, config)
@@ -33,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"evolm {__version__}")
     sub = parser.add_subparsers(dest="verb", metavar="VERB")
     for verb in VERBS:
-        (verb.register if hasattr(verb, "register") else verb.add_cli)(sub)
+        verb.register(sub)
     return parser
 
 

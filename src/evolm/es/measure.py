@@ -21,7 +21,7 @@ Design decisions:
   ``LocalPopulation`` and turns fitness into coefficients with ``compute_update``. The update
   ``scale * sum_d c_d eps_d`` is then evaluated only on K coordinates drawn uniformly over all
   selected parameters (``coordinate_subset``), so memory is O(R K) whatever the model size. The
-  spread statistics are pure functions in ``analysis/ablations.py`` (``update_spread``).
+  spread statistics are pure functions in ``analysis/update_variance.py`` (``update_spread``).
 """
 
 from __future__ import annotations

@@ -17,17 +17,38 @@ Design decisions:
   (``evolm.es.measure``). Their ES settings (σ, N, estimator, shaping, noise, parameter
   categories, seed) and task come from the run directory's ``config.toml`` when there is one,
   then from the command line; the resolved settings are written into the JSON.
-- This module imports nothing heavy at top level, so ``evolm --help`` stays fast.
+- This module is the orchestration only (arguments, loading models, building the evaluator and the
+  ES population, printing, writing); the analyses are pure functions in ``evolm.analysis``.
+- torch, the ES engine (which imports torch) and tqdm are imported inside the commands that need
+  them, so ``evolm --help``, which imports this module, stays fast.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
+import time
 from pathlib import Path
 
+from evolm import config, models
+from evolm.analysis import plots
+from evolm.analysis.compression import compression_table, parse_method
+from evolm.analysis.diversity import diversity_report
+from evolm.analysis.drift import drift
+from evolm.analysis.evaluator import TaskEvaluator
+from evolm.analysis.localisation import top_k_localisations
+from evolm.analysis.sparsity import single_update_rms, sparsity_curve, tau_grid, update_sparsity
+from evolm.analysis.update_variance import update_spread
+from evolm.analysis.weights import load_state_info
+from evolm.backends import make_generator
+from evolm.backends.base import SamplingParams
+from evolm.categories import CATEGORIES
 from evolm.errors import UserError
+from evolm.runs import atomic_write_json, read_jsonl
+from evolm.seeding import seed31
+from evolm.tasks import make_task
 
 KINDS = ("drift", "sparsity", "localisation", "compression", "diversity", "update_variance")
 
@@ -58,9 +79,7 @@ def _run_config(spec: str) -> dict:
     path = Path(spec) / "config.toml"
     if not path.exists():
         return {}
-    from evolm.config import read_toml
-
-    return read_toml(path)
+    return config.read_toml(path)
 
 
 def _base_spec(args, trained: dict[str, str]) -> str:
@@ -80,20 +99,7 @@ def _floats(text: str, what: str) -> list[float]:
         raise UserError(f"{what} must be comma-separated numbers (got '{text}')") from None
 
 
-def _toml_value(text: str):
-    """A TOML literal (``3``, ``true``, ``[1, 2]``); anything else is taken as a bare string."""
-    import tomllib
-
-    try:
-        return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
-        return text
-
-
 def _write(out_dir: str, kind: str, result: dict) -> tuple[Path, Path]:
-    from evolm.analysis import plots
-    from evolm.runs import atomic_write_json
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     json_path = out / f"{kind}.json"
@@ -104,9 +110,7 @@ def _write(out_dir: str, kind: str, result: dict) -> tuple[Path, Path]:
 
 def _load_models(args):
     """``(base_spec, base_state, base_info, {label: (spec, state, info)})``, float32, tied weights once."""
-    import torch
-
-    from evolm.analysis.weights import load_state_info
+    import torch  # local: torch is slow to import, and `evolm --help` imports this module
 
     torch.set_num_threads(max(1, args.threads))
     trained = _trained(args)
@@ -138,8 +142,6 @@ def _header(kind: str, base_info, loaded) -> dict:
 # -- kinds ------------------------------------------------------------------------------------------
 
 def _cmd_drift(args) -> int:
-    from evolm.analysis.drift import drift
-
     base_spec, base, base_info, loaded = _load_models(args)
     result = _header("drift", base_info, loaded)
     result["models"] = {}
@@ -155,8 +157,6 @@ def _cmd_drift(args) -> int:
 
 
 def _cmd_localisation(args) -> int:
-    from evolm.analysis.localisation import top_k_localisations
-
     ks = args.k or [100]
     base_spec, base, base_info, loaded = _load_models(args)
     result = _header("localisation", base_info, loaded)
@@ -172,9 +172,6 @@ def _cmd_localisation(args) -> int:
 
 
 def _tau_scale(args, loaded) -> tuple[float, str]:
-    from evolm.analysis.sparsity import single_update_rms
-    from evolm.runs import read_jsonl
-
     if args.tau_scale is not None:
         return float(args.tau_scale), "--tau-scale"
     for label, (spec, _, _) in loaded.items():
@@ -186,10 +183,6 @@ def _tau_scale(args, loaded) -> tuple[float, str]:
 
 def _build_evaluator(args, base_spec: str, loaded):
     """A ``TaskEvaluator`` for the target task: ``--task`` or the first trained run's ``[task]``."""
-    from evolm import models
-    from evolm.analysis.evaluator import TaskEvaluator
-    from evolm.tasks import make_task
-
     run_cfg = next((c for c in (_run_config(spec) for spec, _, _ in loaded.values()) if c), {})
     task_cfg = dict(run_cfg.get("task", {}))
     if args.task and args.task != task_cfg.get("name"):
@@ -201,7 +194,7 @@ def _build_evaluator(args, base_spec: str, loaded):
         if "=" not in assignment:
             raise UserError(f"--task-param expects KEY=VALUE (got '{assignment}')")
         key, value = assignment.split("=", 1)
-        params[key.strip()] = _toml_value(value.strip())
+        params[key.strip()] = config.parse_value(value.strip())
     task = make_task(task_cfg["name"], reward=task_cfg.get("reward", "qiu"), system_prompt=task_cfg.get("system_prompt"), **params)
     examples = task.examples(args.split, args.limit, args.seed)
     if not examples:
@@ -226,8 +219,6 @@ class _Progress:
         self.evaluate, self.metric, self.count = evaluate, metric, 0
 
     def __call__(self, state: dict) -> dict:
-        import time
-
         start = time.perf_counter()
         metrics = self.evaluate(state)
         self.count += 1
@@ -236,8 +227,6 @@ class _Progress:
 
 
 def _cmd_sparsity(args) -> int:
-    from evolm.analysis.sparsity import sparsity_curve, tau_grid, update_sparsity
-
     base_spec, base, base_info, loaded = _load_models(args)
     scale, source = _tau_scale(args, loaded)
     multipliers = _floats(args.multipliers, "--multipliers")
@@ -263,9 +252,6 @@ def _cmd_sparsity(args) -> int:
 
 
 def _cmd_compression(args) -> int:
-    from evolm.categories import CATEGORIES
-    from evolm.analysis.compression import compression_table, parse_method
-
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     for m in methods:
         parse_method(m)
@@ -292,10 +278,6 @@ def _cmd_compression(args) -> int:
 
 
 def _cmd_diversity(args) -> int:
-    import json
-
-    from evolm.analysis.diversity import diversity_report
-
     if args.from_file and args.model:
         raise UserError("evolm analyze diversity takes --from FILE (measured before) or --model SPEC (measure now), not both")
     if not args.from_file:
@@ -328,10 +310,7 @@ def _es_setup(args, split: str):
     The ES job config starts from the run directory's config.toml (when ``--model`` is one), then the
     command-line flags override it; it is validated like any ES config.
     """
-    from evolm import config, models
-    from evolm.backends import make_generator
-    from evolm.es.engine import build_paramset
-    from evolm.tasks import make_task
+    from evolm.es.engine import build_paramset  # local: the ES engine imports torch (slow to import)
 
     spec = args.model or config.ModelConfig().spec
     raw = _run_config(spec) if Path(spec).is_dir() else {}
@@ -347,7 +326,7 @@ def _es_setup(args, split: str):
         if "=" not in assignment:
             raise UserError(f"--task-param expects KEY=VALUE (got '{assignment}')")
         key, value = assignment.split("=", 1)
-        task.setdefault("params", {})[key.strip()] = _toml_value(value.strip())
+        task.setdefault("params", {})[key.strip()] = config.parse_value(value.strip())
     es = data.setdefault("es", {})
     for flag, key in (("population", "population"), ("sigma", "sigma"), ("lr", "lr"), ("shaping", "shaping"),
                       ("noise", "noise")):
@@ -387,15 +366,13 @@ def _es_summary(cfg, spec: str, params, task) -> dict:
 
 
 def _progress(total: int, desc: str):
-    from tqdm.auto import tqdm
+    from tqdm.auto import tqdm  # local: tqdm.auto imports asyncio (about 0.25 s), only measurements draw bars
 
     return tqdm(total=total, desc=desc, unit="member", dynamic_ncols=True, file=sys.stdout)
 
 
 def _measure_diversity(args) -> int:
-    from evolm.analysis.diversity import diversity_report
-    from evolm.es.measure import population_correctness
-    from evolm.runs import atomic_write_json
+    from evolm.es.measure import population_correctness  # local: imports torch (slow to import)
 
     if args.temperature <= 0 and (args.samples_per_member > 1 or (args.center_samples or 0) > 1):
         raise UserError("several samples per prompt at temperature 0 are all the same completion; use --temperature > 0")
@@ -435,11 +412,8 @@ def _measure_diversity(args) -> int:
 
 
 def _cmd_update_variance(args) -> int:
-    from evolm.analysis.ablations import update_spread
-    from evolm.backends.base import SamplingParams
-    from evolm.es.engine import training_batch
-    from evolm.es.measure import coordinate_subset, update_samples
-    from evolm.seeding import seed31
+    from evolm.es.engine import training_batch  # local: the ES engine imports torch (slow to import)
+    from evolm.es.measure import coordinate_subset, update_samples  # local: imports torch (slow to import)
 
     estimators = [e.strip() for e in args.estimator.split(",") if e.strip()]
     bad = [e for e in estimators if e not in ("one_point", "antithetic")]
@@ -519,7 +493,8 @@ def _add_eval(p: argparse.ArgumentParser) -> None:
     g.add_argument("--metric", default="greedy_pass@1", help="metric shown in the summary and plot (default: greedy_pass@1; e.g. pass@4)")
 
 
-def add_cli(subparsers) -> None:
+def register(subparsers) -> None:
+    """Add the ``analyze`` verb and its kinds; each kind's ``func(args)`` returns the exit code."""
     p = subparsers.add_parser(
         "analyze", help="what training did to a model: drift, sparsity, localisation, compression; ES population diversity and update variance",
         description="Analyses of what training did to a model. Each writes <out>/<kind>.json and <out>/<kind>.png. "

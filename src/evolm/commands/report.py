@@ -1,0 +1,61 @@
+"""``evolm report``: the verb's arguments; the report itself is ``evolm.report.build_report``.
+
+Design decisions:
+
+- ``--label NAME=PATH`` is parsed here into ``{path: name}``; a malformed one is a one-line error.
+- ``--reference`` is a TOML literal like a ``--set`` value (``30``, ``0.001``, ``'one_point'``), so it
+  matches a grid value of any type.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from evolm import config
+from evolm.errors import UserError
+from evolm.report import build_report
+
+
+def parse_labels(items: list[str]) -> dict[str, str]:
+    """``["NAME=PATH", ...]`` -> ``{PATH: NAME}``."""
+    labels = {}
+    for item in items:
+        name, sep, path = item.partition("=")
+        if not sep or not name.strip() or not path.strip():
+            raise UserError(f"--label expects NAME=PATH, e.g. --label es=runs/es-demo (got '{item}')")
+        labels[path.strip()] = name.strip()
+    return labels
+
+
+def _cmd_report(args) -> int:
+    reference = None if args.reference is None else config.parse_value(args.reference)
+    result = build_report(args.paths, args.out, labels=parse_labels(args.label), title=args.title, window=args.window,
+                          band=args.band, band_mode=args.band_mode, reference=reference)
+    print(f"wrote {result.markdown}, {result.html} and {result.json} ({len(result.figures)} figures in {result.out / 'figures'})")
+    return 0
+
+
+def register(subparsers) -> None:
+    """Add the ``report`` verb; its ``func(args)`` returns the exit code."""
+    p = subparsers.add_parser(
+        "report", help="report.md + self-contained report.html with plots and tables from runs, sweeps, evals and analyses",
+        description="Build one report from run directories (ES, GRPO, pipeline), sweep directories (evolm sweep), eval "
+                    "outputs (eval.json) and analysis outputs (drift.json, sparsity.json, localisation.json, "
+                    "compression.json, diversity.json, update_variance.json). Draws pass@k curves (base vs trained), entropy "
+                    "and pass@k trajectories, training reward curves, a cost table, the analyses, and for sweeps the "
+                    "population-scaling, sigma, estimator and shaping ablations, each with a table of its numbers. "
+                    "Writes <out>/report.md, <out>/report.html (figures embedded), <out>/report.json and <out>/figures/.",
+        epilog="example: evolm report runs/es runs/grpo runs/es/analysis --label ES=runs/es --out report",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("paths", nargs="*", metavar="PATH", help="run, sweep, eval or analysis directories")
+    p.add_argument("--label", action="append", default=[], metavar="NAME=PATH",
+                   help="name an input in plots and tables (repeatable; adds PATH when not given positionally)")
+    p.add_argument("--out", "-o", default="report", metavar="DIR", help="output directory (default: report)")
+    p.add_argument("--title", default="evolm report", help="report title (default: evolm report)")
+    g = p.add_argument_group("sweep ablations")
+    g.add_argument("--window", type=int, default=1, help="trailing moving-average window for reward curves (default: 1 = none)")
+    g.add_argument("--band", type=float, default=0.005, help="population-scaling band (default: 0.005 = 0.5%%)")
+    g.add_argument("--band-mode", default="relative", choices=["relative", "absolute"],
+                   help="band relative to the reference reward (|Δ| <= band·|r_ref|) or absolute (|Δ| <= band) (default: relative)")
+    g.add_argument("--reference", metavar="N", help="reference population size (default: the largest N of each group)")
+    p.set_defaults(func=_cmd_report)

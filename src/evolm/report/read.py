@@ -1,0 +1,164 @@
+"""What ``evolm report`` reads: its inputs classified (runs, sweeps, eval outputs, analysis outputs)
+and read, with every file it read recorded.
+
+Design decisions:
+
+- An input path is recognised by its files: ``sweep.json`` -> an ``evolm sweep`` directory (its
+  points are run directories, summarised by ``evolm.sweep.summarize_sweep``); ``run.json`` -> a run
+  (``kind`` es, grpo, pipeline; a directory of runs, e.g. a pipeline sweep, is taken run by run);
+  ``eval.json`` -> an ``evolm eval`` output; ``<kind>.json`` for a kind in ``ANALYSIS_KINDS`` -> an
+  ``evolm analyze`` output. A run directory's ``eval/`` and ``analysis/`` subdirectories (the default
+  outputs of ``evolm eval`` / ``evolm analyze`` for it) are read too.
+- Run directories are read only through the ``RunDir`` read side (``info()``, ``config()``,
+  ``train_records()``, ``probes()``, ``evaluation(label)``), so the report keeps the same record per
+  step as every other reader (the last one logged) and treats a record without ``kind`` the same.
+- One ``Reader`` records each file read (in order, once); the report ends with that list. A file
+  that does not parse is one ``evolm: error:`` line naming it.
+- Labels: ``--label NAME=PATH`` names an input. Otherwise a run is named by its method (es, grpo,
+  pipeline), with the directory name added when two runs share a method.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+from evolm.errors import ConfigError, UserError
+from evolm.runs import RunDir
+from evolm.sweep import summarize_sweep
+
+ANALYSIS_KINDS = ("drift", "sparsity", "localisation", "compression", "diversity", "update_variance")
+"""The ``evolm analyze`` outputs a report reads (``<kind>.json``), in the order their sections appear."""
+
+RUN_KINDS = ("es", "grpo", "pipeline")
+
+T = TypeVar("T")
+
+
+class Reader:
+    """Reads input files and remembers every file it read (in order, once)."""
+
+    def __init__(self):
+        self.files: list[str] = []
+
+    def note(self, paths) -> None:
+        for p in paths:
+            if str(p) not in self.files:
+                self.files.append(str(p))
+
+    def read(self, path: Path, read: Callable[[], T]) -> T:
+        """``read()`` (e.g. a ``RunDir`` reader of ``path``); ``path`` is noted when it exists, and a file
+        that does not parse is a ``UserError`` naming it."""
+        try:
+            value = read()
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise UserError(f"{path} is not valid JSON: {e}") from None
+        if path.exists():
+            self.note([path])
+        return value
+
+    def json(self, path: Path) -> Any:
+        return self.read(path, lambda: json.loads(path.read_text()))
+
+
+@dataclass
+class Run:
+    label: str
+    path: Path
+    kind: str
+    info: dict
+    config: dict
+    train: list[dict]
+    """Training records, one per step (``RunDir.train_records``)."""
+    probes: list[dict]
+    """Probe records, one per step (``RunDir.probes``)."""
+    eval_before: dict | None = None
+    eval_after: dict | None = None
+
+    @property
+    def method(self) -> str:
+        return self.kind if self.kind in RUN_KINDS else self.info.get("method", self.kind)
+
+
+@dataclass
+class Sources:
+    runs: list[Run] = field(default_factory=list)
+    sweeps: list[tuple[str, Path, dict]] = field(default_factory=list)
+    evals: list[tuple[str, Path, dict]] = field(default_factory=list)
+    analyses: dict[str, list[tuple[str, Path, dict]]] = field(default_factory=dict)
+    """``{kind: [(label, directory, result), ...]}``."""
+
+
+def read_run(path: Path, label: str | None, reader: Reader) -> Run:
+    run = RunDir(path)
+    info = reader.read(path / "run.json", run.info)
+    config = reader.read(run.config_path, run.config)
+    train = reader.read(run.metrics_path, run.train_records)
+    probes = reader.read(run.metrics_path, run.probes)
+    before = reader.read(path / "eval_before.json", lambda: run.evaluation("before"))
+    after = reader.read(path / "eval_after.json", lambda: run.evaluation("after"))
+    return Run(label or "", path, str(info.get("kind", "run")), info, config, train, probes, before, after)
+
+
+def read_sweep(path: Path, reader: Reader) -> dict:
+    """The sweep summary recomputed from the points' run directories (``evolm.sweep.summarize_sweep``)."""
+    summary = summarize_sweep(path)
+    reader.note(summary.pop("sources"))
+    return summary
+
+
+def _analysis_files(path: Path) -> list[Path]:
+    return [path / f"{k}.json" for k in ANALYSIS_KINDS if (path / f"{k}.json").exists()]
+
+
+def gather(paths: list[str], labels: dict[str, str], reader: Reader) -> Sources:
+    """Classify and read every input path (see the module docstring)."""
+    src = Sources()
+    given = {str(Path(p).resolve()): labels.get(str(Path(p).resolve())) for p in paths}
+    for resolved, label in given.items():
+        path = Path(resolved)
+        if not path.is_dir():
+            raise UserError(f"{path} is not a directory; pass run, sweep, eval or analysis directories")
+        shown = Path(next(p for p in paths if str(Path(p).resolve()) == resolved))
+        found = False
+        if (path / "sweep.json").exists():
+            src.sweeps.append((label or shown.name, shown, read_sweep(path, reader)))
+            continue
+        if (path / "run.json").exists():
+            info = reader.read(path / "run.json", RunDir(path).info)
+            if info.get("kind") in RUN_KINDS or (path / "metrics.jsonl").exists():
+                src.runs.append(read_run(path, label, reader))
+                found = True
+            else:  # a directory of runs (e.g. a pipeline sweep): each child run is an input
+                for child in sorted(p for p in path.iterdir() if (p / "run.json").exists()):
+                    src.runs.append(read_run(child, f"{label or path.name}/{child.name}", reader))
+                    found = True
+        subdirs = [path] + ([path / "eval", path / "analysis"] if found else [])
+        for d in subdirs:
+            if (d / "eval.json").exists():
+                src.evals.append((label or (path.name if d == path else f"{path.name}/{d.name}"), d, reader.json(d / "eval.json")))
+                found = True
+            for f in _analysis_files(d):
+                result = reader.json(f)
+                src.analyses.setdefault(f.stem, []).append((label or path.name, d, result))
+                found = True
+        if not found:
+            raise UserError(f"{shown} is not a run, sweep, eval or analysis directory (no run.json, sweep.json, "
+                            f"eval.json or {'/'.join(k + '.json' for k in ANALYSIS_KINDS[:2])}...)")
+    name_runs(src.runs)
+    return src
+
+
+def name_runs(runs: list[Run]) -> None:
+    """Label the runs without a ``--label``: their method, plus the directory name when two share one."""
+    counts: dict[str, int] = {}
+    for r in runs:
+        counts[r.method] = counts.get(r.method, 0) + 1
+    for r in runs:
+        if not r.label:
+            r.label = r.method if counts[r.method] == 1 else f"{r.method} ({r.path.name})"

@@ -1,0 +1,198 @@
+"""The report's run sections: the runs table, held-out pass@k (base vs trained), the held-out probe
+during training, training reward, and cost.
+
+Design decisions:
+
+- Each section is a function of the sources read (``report.read.Sources``) and returns a ``Section``,
+  or None when no input has its data; every plotted number is also in a table.
+- The only derived numbers are pure functions of what was read: pass@k for k = 1 .. n from each
+  problem's n and c (``evolm.metrics.pass_at_k_curve``), sums and means of the training records.
+- The base model's pass@k curve is a run's ``eval_before.json``, shown once as "base" when every run
+  measured the same thing (same task, sampling, summary and problems); each trained run's curve is
+  its ``eval_after.json``, plus any ``evolm eval`` outputs.
+"""
+
+from __future__ import annotations
+
+import re
+
+from evolm.metrics import pass_at_k_curve
+from evolm.document import COLORS, Canvas, Section, Table, integer_x
+from evolm.report.read import Run, Sources
+
+
+def runs_section(src: Sources) -> Section | None:
+    if not src.runs:
+        return None
+    rows = [[r.label, r.method, str(r.path), r.info.get("status"), r.config.get("model", {}).get("spec"),
+             r.config.get("task", {}).get("name"), len(r.train)] for r in src.runs]
+    return Section("Runs", [Table(["label", "method", "directory", "status", "model", "task", "updates"], rows)])
+
+
+def _eval_curve(report: dict) -> tuple[list[float], dict]:
+    problems = report.get("problems") or []
+    ns = [p["n"] for p in problems]
+    cs = [p["c"] for p in problems]
+    return (pass_at_k_curve(ns, cs) if ns else []), report.get("summary", {})
+
+
+def _same_eval(a: dict, b: dict) -> bool:
+    keys = ("task", "sampling", "summary")
+    return all(a.get(k) == b.get(k) for k in keys) and [p.get("id") for p in a.get("problems", [])] == \
+        [p.get("id") for p in b.get("problems", [])]
+
+
+def passk_section(src: Sources, canvas: Canvas) -> Section | None:
+    curves: list[tuple[str, str, list[float], dict]] = []  # (label, task, curve, summary)
+    befores = [(r, r.eval_before) for r in src.runs if r.eval_before]
+    if befores and all(_same_eval(befores[0][1], b) for _, b in befores[1:]):
+        befores = [(None, befores[0][1])]
+    for run, report in befores:
+        curve, summary = _eval_curve(report)
+        curves.append(("base" if run is None else f"base ({run.label})", report.get("task", ""), curve, summary))
+    for run in src.runs:
+        if run.eval_after:
+            curve, summary = _eval_curve(run.eval_after)
+            curves.append((run.label, run.eval_after.get("task", ""), curve, summary))
+    for label, _, report in src.evals:
+        for task, t in report.get("tasks", {}).items():
+            curve, summary = _eval_curve(t)
+            curves.append((f"{label}: {report.get('model', {}).get('spec', '')}".rstrip(": "), task, curve, summary))
+    curves = [c for c in curves if c[2]]
+    if not curves:
+        return None
+    tasks = sorted({c[1] for c in curves})
+    sec = Section("Held-out pass@k: base vs trained")
+    sec.blocks.append("pass@k for k = 1 .. n from each problem's n samples and c correct ones (unbiased estimator, "
+                      "averaged over problems); base = a run's `eval_before.json`, trained = its `eval_after.json`, "
+                      "plus any `evolm eval` outputs.")
+    fig = canvas.figure(7.0, 4.2)
+    ax = fig.add_subplot()
+    for i, (label, task, curve, _) in enumerate(curves):
+        name = label if len(tasks) == 1 else f"{label} [{task}]"
+        style = "--" if label.startswith("base") else "-"
+        ax.plot(range(1, len(curve) + 1), curve, style, marker="o", ms=3, color=COLORS[i % len(COLORS)], label=name)
+    ax.set_xscale("log", base=2)
+    kmax_plot = max(len(c[2]) for c in curves)
+    ticks = [k for k in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512) if k <= kmax_plot]
+    ax.set_xticks(ticks, [str(k) for k in ticks])
+    ax.minorticks_off()
+    ax.set_xlabel("k (samples)")
+    ax.set_ylabel("pass@k")
+    ax.set_ylim(0, 1.02)
+    ax.grid(alpha=0.3)
+    ax.set_title("held-out pass@k" + (f" on {tasks[0]}" if len(tasks) == 1 else ""))
+    ax.legend(fontsize=8)
+    sec.blocks.append(canvas.save(fig, "passk", "pass@k curves", "dashed: base model"))
+    kmax = max(len(c[2]) for c in curves)
+    ks = sorted({k for k in (1, 2, 4, 8, 16, 32, 64, 128, 256) if k <= kmax} | {kmax})
+    rows = []
+    for label, task, curve, s in curves:
+        rows.append([label, task, s.get("problems"), s.get("n"), s.get("greedy")] +
+                    [curve[k - 1] if k <= len(curve) else None for k in ks] +
+                    [s.get("mean_correct"), s.get("entropy"), s.get("distinct_correct")])
+    sec.blocks.append(Table(["model", "task", "problems", "n", "greedy"] + [f"pass@{k}" for k in ks] +
+                            ["mean correct", "entropy (nats)", "distinct correct"], rows))
+    return sec
+
+
+def _stage_bounds(run: Run) -> list[int]:
+    train = run.train
+    return [b["step"] - 1 for a, b in zip(train, train[1:]) if a.get("stage") != b.get("stage")]
+
+
+def reward_section(src: Sources, canvas: Canvas) -> Section | None:
+    runs = [r for r in src.runs if any(x.get("reward_mean") is not None for x in r.train)]
+    if not runs:
+        return None
+    sec = Section("Training reward")
+    sec.blocks.append("Mean training reward per update (`metrics.jsonl`, kind train): for ES the mean over the "
+                      "population's members, for GRPO over the update's sampled completions. Dotted lines mark "
+                      "pipeline stage boundaries.")
+    fig = canvas.figure(7.0, 4.0)
+    ax = fig.add_subplot()
+    rows = []
+    for i, run in enumerate(runs):
+        pts = [(r["step"], r["reward_mean"]) for r in run.train if r.get("reward_mean") is not None]
+        color = COLORS[i % len(COLORS)]
+        ax.plot(*zip(*pts), marker="o", ms=2.5, color=color, label=run.label)
+        centre = [(r["step"], r["center_reward"]) for r in run.train if r.get("center_reward") is not None]
+        if centre:
+            ax.plot(*zip(*centre), "s--", ms=3, color=color, alpha=0.7, label=f"{run.label} (centre)")
+        for b in _stage_bounds(run):
+            ax.axvline(b + 0.5, color=color, ls=":", lw=1)
+        values = [v for _, v in pts]
+        rows.append([run.label, run.method, len(values), values[0], values[-1], max(values), sum(values) / len(values)])
+    ax.set_xlabel("update")
+    ax.set_ylabel("training reward")
+    integer_x(ax)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    sec.blocks.append(canvas.save(fig, "reward", "training reward per update"))
+    sec.blocks.append(Table(["run", "method", "updates", "first", "last", "max", "mean"], rows))
+    long = [[run.label, r["step"], r.get("reward_mean"), r.get("reward_std"), r.get("center_reward"),
+             r.get("update_status") or r.get("stage_method") or ""] for run in runs for r in run.train]
+    sec.blocks.append(Table(["run", "update", "reward mean", "reward std", "centre reward", "status / stage"], long,
+                            "every plotted point"))
+    return sec
+
+
+def probe_section(src: Sources, canvas: Canvas) -> Section | None:
+    runs = [r for r in src.runs if r.probes]
+    if not runs:
+        return None
+    keys = sorted({k for r in runs for p in r.probes for k in p if re.fullmatch(r"pass@\d+", k)},
+                  key=lambda k: int(k.split("@")[1]))
+    sec = Section("Held-out probe: entropy and pass@k during training")
+    tasks = sorted({str(p.get("task")) for r in runs for p in r.probes if p.get("task")})
+    sec.blocks.append("Probe records (`metrics.jsonl`, kind probe): token entropy (nats, at the probe temperature) and "
+                      f"pass@k on a fixed held-out set{' (' + ', '.join(tasks) + ')' if tasks else ''}, measured at "
+                      "step 0, every `probe.every` updates and at the end.")
+    fig = canvas.figure(10.0, 3.8)
+    left, right = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    styles = ["-", "--", ":", "-."]
+    for i, run in enumerate(runs):
+        color = COLORS[i % len(COLORS)]
+        ent = [(p["step"], p["entropy"]) for p in run.probes if p.get("entropy") is not None]
+        if ent:
+            left.plot(*zip(*ent), marker="o", ms=3, color=color, label=run.label)
+        for j, k in enumerate(keys):
+            pts = [(p["step"], p[k]) for p in run.probes if p.get(k) is not None]
+            if pts:
+                right.plot(*zip(*pts), styles[j % len(styles)], marker="o", ms=3, color=color, label=f"{run.label} {k}")
+    left.set_xlabel("update")
+    left.set_ylabel("token entropy (nats)")
+    right.set_xlabel("update")
+    right.set_ylabel("pass@k")
+    right.set_ylim(0, 1.02)
+    for ax in (left, right):
+        integer_x(ax)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    sec.blocks.append(canvas.save(fig, "probe", "entropy and pass@k trajectories"))
+    rows = [[run.label, p["step"], p.get("task"), p.get("entropy")] + [p.get(k) for k in keys] + [p.get("distinct_correct")]
+            for run in runs for p in run.probes]
+    sec.blocks.append(Table(["run", "update", "task", "entropy"] + keys + ["distinct correct"], rows))
+    return sec
+
+
+def cost_section(src: Sources) -> Section | None:
+    rows = []
+    for run in src.runs:
+        train = run.train
+        if not train:
+            continue
+        sec_ = [r["seconds"] for r in train if r.get("seconds") is not None]
+        tok = [r["gen_tokens"] for r in train if r.get("gen_tokens") is not None]
+        seqs = [r["gen_sequences"] for r in train if r.get("gen_sequences") is not None]
+        rss = [r["peak_rss_mb"] for r in train if r.get("peak_rss_mb") is not None]
+        rows.append([run.label, run.method, len(train), sum(sec_) / len(sec_) if sec_ else None, sum(sec_) if sec_ else None,
+                     sum(seqs) / len(seqs) if seqs else None, sum(tok) / len(tok) if tok else None,
+                     sum(tok) if tok else None, max(rss) if rss else None, max((r.get("peak_gpu_mb") or 0 for r in train), default=0) or None])
+    if not rows:
+        return None
+    return Section("Cost", ["Per-update cost from the training records: wall seconds of an update (generation, "
+                            "perturbation and update; probes and checkpoints excluded), sequences and tokens generated, "
+                            "and the process's peak resident memory.",
+                            Table(["run", "method", "updates", "s / update", "total s", "sequences / update",
+                                   "gen tokens / update", "gen tokens total", "peak RSS MB", "peak GPU MB"], rows)])
