@@ -62,11 +62,11 @@ def probe_record(probe: Callable, model, step: int, method: str) -> dict:
 
 
 def _task_for(name: str, params: dict, train_task, reward: str):
-    from evolm.tasks import make_task
+    from evolm.tasks import heldout_reward, make_task
 
     if not name or name == train_task.name and not params:
         return train_task
-    return make_task(name, reward, None, **params)
+    return make_task(name, heldout_reward(name, reward), None, **params)
 
 
 def _measure(generator, task, tokenizer, seed: int, count: int, n: int, ks, temperature: float, top_p: float,
