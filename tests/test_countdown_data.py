@@ -172,8 +172,10 @@ def test_tinyzero_exact_refuses_prompts_without_an_assistant_marker(tmp_path):
     ([{"numbers": [1, -2], "target": 3}], "non-negative integers"),
     ([{"numbers": [1, 2.5], "target": 3}], "non-negative integers"),
     ([{"numbers": [1, True], "target": 3}], "non-negative integers"),
-    ([{"numbers": [1, 2], "target": "three"}], "target must be an integer"),
-    ([{"numbers": [1, 2], "target": 3.5}], "target must be an integer"),
+    ([{"numbers": [1, 2], "target": "three"}], "target must be a number"),
+    ([{"numbers": [1, 2], "target": "nan"}], "target must be a number"),
+    ([{"numbers": [1, 2], "target": [3]}], "target must be a number"),
+    ([{"numbers": [1, 2], "target": True}], "target must be a number"),
     ([{"numbers": [1, 2], "target": 3, "context": ""}], "context must be non-empty text"),
     ([{"numbers": [1, 2], "target": 3, "context": 7}], "context must be non-empty text"),
     ([{"numbers": [1, 2], "target": 3, "prompt": []}], "prompt must be text or a non-empty list"),
@@ -205,6 +207,27 @@ def test_digit_strings_are_integers_and_duplicate_ids_fall_back_to_positions(tmp
                                               {"id": "a", "numbers": [1, 2], "target": 3.0}])
     rows = read_rows(path)
     assert [(r.id, r.numbers, r.target) for r in rows] == [("0", (3, 5), 8), ("1", (1, 2), 3)]
+
+
+def test_non_digit_targets_are_unanswerable_under_qiu_exact_as_in_their_evaluation(tmp_path):
+    # countdown.json has 58 such test rows, e.g. target "27.4" for [98, 47, 47, 52] and negative integers
+    rows = [{"id": 0, "context": QIU_CONTEXT.format(spaced="98 47 47 52", target="27.4"), "numbers": [98, 47, 47, 52],
+             "target": "27.4", "solution": "((98 / (47 - 52)) + 47)"},
+            {"id": 1, "context": QIU_CONTEXT.format(spaced="3 5 7", target="-9"), "numbers": [3, 5, 7], "target": "-9",
+             "solution": "3 - 5 - 7"},
+            {"id": 2, "context": QIU_CONTEXT.format(spaced="3 5 7", target="22"), "numbers": [3, 5, 7], "target": "22",
+             "solution": "3 * 5 + 7"}]
+    path = write_json(tmp_path / "countdown.json", rows)
+    exact, lenient = (make_task("countdown", reward=r, path=path, train_rows=1, test_rows=2) for r in ("qiu_exact", "tiered"))
+    decimal, negative, whole = exact.examples("train", None) + exact.examples("test", None)
+    assert (decimal.answer, negative.answer, whole.answer) == (27.4, -9, 22)
+    answer = "x</think>\n<answer>{}</answer>"
+    assert exact.reward(answer.format("98 / (47 - 52) + 47"), decimal) == pytest.approx(0.1)     # no target: answer 0
+    assert exact.reward(answer.format("3 - 5 - 7"), negative) == pytest.approx(0.1)
+    assert exact.reward(answer.format("3 * 5 + 7"), whole) == pytest.approx(1.1)
+    assert lenient.reward("<answer>98 / (47 - 52) + 47</answer>", decimal) == 1.0                # the value is right
+    assert lenient.reward("<answer>3 - 5 - 7</answer>", negative) == 1.0
+    assert lenient.reward("<answer>98 / (47 - 47) + 52</answer>", decimal) == 0.1     # formatted, not right
 
 
 # -- votes -------------------------------------------------------------------------------------------------

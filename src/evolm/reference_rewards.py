@@ -199,8 +199,11 @@ def qiu_format_reward(response: str) -> float:
     return reward
 
 
-def qiu_answer(response: str, numbers: Sequence[int], target: int | float | str) -> tuple[float, str | None]:
-    """The answer term (1.0 or 0.0) and the last ``<answer>`` block's raw content (None when there is none)."""
+def qiu_answer(response: str, numbers: Sequence[int], target: int | float | str | None) -> tuple[float, str | None]:
+    """The answer term (1.0 or 0.0) and the last ``<answer>`` block's raw content (None when there is none).
+
+    ``target`` None (what their evaluation passes for a target text that is not all digits) gives 0.
+    """
     blocks = QIU_ANSWER_BLOCKS.findall(response)
     if not blocks:
         return 0.0, None
@@ -215,7 +218,7 @@ def qiu_answer(response: str, numbers: Sequence[int], target: int | float | str)
     return (1.0 if hit else 0.0), content
 
 
-def qiu_score(generated: str, numbers: Sequence[int], target: int | float | str) -> ReferenceScore:
+def qiu_score(generated: str, numbers: Sequence[int], target: int | float | str | None) -> ReferenceScore:
     """Qiu et al.'s countdown reward of one generated text: ``0.1 * format + answer``."""
     response = qiu_response(generated)
     format_reward = qiu_format_reward(response)

@@ -61,6 +61,12 @@ Design decisions:
   ``<|im_start|>assistant\n``, the end of a ChatML prompt (SmolLM2's and Qwen's templates): its last
   line is read. (TinyZero's code, given a prompt with no ``Assistant:`` or ``<|im_start|>assistant``,
   scores every response 0; a data file whose prompts have no marker is refused with tinyzero_exact.)
+  Qiu et al.'s evaluation scripts read a file's target text with ``int(t) if t.isdigit() else None``;
+  with no target the answer term is 0, so under qiu_exact the 58 test rows of countdown.json whose
+  target is negative or not an integer (``"-15"``, ``"27.4"``) cannot be answered correctly, as in
+  their evaluation. (Their vLLM training script uses ``float(target)`` instead; the 200 training rows
+  all have digit-only targets, so the two agree there.) The lenient checker compares with the
+  target's value: exactly for an integer target, within 1e-9 (relative) for a non-integer one.
 - Data files (``path``, ``train_path``; ``evolm.tasks.countdown_data``): Qiu et al.'s countdown.json
   and TinyZero's files. A row's own prompt text is fed verbatim (no system message, no
   demonstrations, no chat template); rows without one get evolm's question and demonstrations.
@@ -216,7 +222,7 @@ class Countdown(ProceduralTask):
         return seeded_subset(self._file_examples[split], count, seed)
 
     def _file_example(self, row: CountdownRow) -> Example:
-        meta = {"numbers": list(row.numbers), "solution": row.solution}
+        meta = {"numbers": list(row.numbers), "solution": row.solution, "target_text": row.target_text}
         if row.prompt is not None:
             meta.update(prompt=row.prompt, special_tokens=row.special_tokens)
             question = row.prompt
@@ -273,6 +279,9 @@ class Countdown(ProceduralTask):
         """The completion scored by the configured reference convention (qiu_exact or tinyzero_exact)."""
         numbers, target = example.meta["numbers"], example.answer
         if self.reward_name == "qiu_exact":
+            text = example.meta.get("target_text")
+            if text is not None:  # their evaluation reads the file's target text with isdigit(): else no target
+                target = int(text) if text.isdigit() else None
             return qiu_score(completion, numbers, target)
         prompt = example.meta.get("prompt")
         return tinyzero_score((CHATML_PROMPT_END if prompt is None else prompt) + completion, numbers, target)
@@ -317,7 +326,11 @@ def check_equation(completion: str, numbers: list[int], target: int) -> Verdict:
         value = evaluate_equation(equation, numbers)
     except InvalidEquation:  # well formed, but wrong numbers or a division by zero
         return Verdict(format_ok=tagged, correct=False, answer=answer)
-    correct = value == target and (claimed is None or claimed == target)
+    if isinstance(target, int):
+        hit = value == target
+    else:  # a non-integer target from a data file (a float written in decimal): equal up to float precision
+        hit = abs(float(value) - float(target)) <= 1e-9 * max(1.0, abs(float(target)))
+    correct = hit and (claimed is None or claimed == target)
     return Verdict(format_ok=tagged, correct=correct, answer=answer)
 
 
