@@ -380,3 +380,21 @@ every = 0
     assert len(train) == 2 and all(0.0 <= r["reward_mean"] <= 1.1 for r in train)
     after = json.loads((run / "eval_after.json").read_text())
     assert after["task"] == "countdown" and after["reward"] == "qiu_exact" and after["summary"]["problems"] == 3
+
+
+def test_grpo_trains_on_the_papers_file_layout_with_the_reference_reward(tmp_path, tokenizer):
+    from conftest import make_tiny_model
+
+    from evolm import config
+    from evolm.grpo import GRPOJob, run_grpo
+
+    path = write_json(tmp_path / "countdown.json", qiu_rows(12))
+    cfg = config.from_dict(GRPOJob, {
+        "run": {"out_dir": str(tmp_path), "name": "g", "checkpoint_every": 0, "progress": False},
+        "task": {"name": "countdown", "reward": "qiu_exact", "params": {"path": path, "train_rows": 4, "test_rows": 8}},
+        "grpo": {"steps": 1, "num_generations": 2, "prompts_per_step": 2, "max_completion_length": 4, "lr": 1e-3},
+        "probe": {"every": 0}, "eval": {"before_after": False}})
+    run = run_grpo(cfg, model=make_tiny_model(tokenizer), tokenizer=tokenizer)
+    train = [r for r in run.metrics() if r.get("kind") == "train"]
+    assert run.info()["status"] == "finished" and len(train) == 1
+    assert 0.0 <= train[0]["reward_mean"] <= 1.1
