@@ -398,3 +398,21 @@ def test_grpo_trains_on_the_papers_file_layout_with_the_reference_reward(tmp_pat
     train = [r for r in run.metrics() if r.get("kind") == "train"]
     assert run.info()["status"] == "finished" and len(train) == 1
     assert 0.0 <= train[0]["reward_mean"] <= 1.1
+
+
+@pytest.mark.slow
+def test_real_model_answers_verbatim_qiu_prompts_scored_by_qiu_exact(tmp_path):
+    import hashlib
+
+    from evolm.evaluate import evaluate_model
+
+    path = write_json(tmp_path / "countdown.json", qiu_rows(6))
+    task = make_task("countdown", reward="qiu_exact", path=path, train_rows=2, test_rows=4)
+    report = evaluate_model("smollm2-135m", [task], n=2, ks=[1, 2], max_new_tokens=24, cache_dir=tmp_path / "cache",
+                            progress=False)
+    result = report["tasks"]["countdown"]
+    assert result["reward"] == "qiu_exact" and result["summary"]["problems"] == 4
+    cached = [json.loads(line) for f in (tmp_path / "cache").rglob("n2-*.jsonl") for line in f.read_text().splitlines()]
+    contexts = {hashlib.sha256(r["context"].encode()).hexdigest()[:16] for r in qiu_rows(6)[2:]}
+    assert {c["prompt"] for c in cached} == contexts          # the model was fed each row's context verbatim
+    assert all(comp["num_tokens"] > 0 for c in cached for comp in c["completions"])

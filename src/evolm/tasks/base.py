@@ -162,21 +162,10 @@ def special_token_affixes(tokenizer) -> tuple[str, str]:
     tokenized with the tokenizer's defaults gets these affixes written into its text instead (special
     token strings in a prompt are read back as the special tokens).
     """
-    cached = getattr(tokenizer, "_evolm_special_affixes", None)
-    if cached is not None:
-        return cached
-    probe = "x"
-    plain = tokenizer(probe, add_special_tokens=False)["input_ids"]
-    full = tokenizer(probe, add_special_tokens=True)["input_ids"]
-    prefix = suffix = ""
+    plain = tokenizer("x", add_special_tokens=False)["input_ids"]
+    full = tokenizer("x", add_special_tokens=True)["input_ids"]
     for start in range(len(full) - len(plain) + 1):
         if full[start:start + len(plain)] == plain:
-            prefix = tokenizer.decode(full[:start]) if start else ""
             rest = full[start + len(plain):]
-            suffix = tokenizer.decode(rest) if rest else ""
-            break
-    try:
-        tokenizer._evolm_special_affixes = (prefix, suffix)
-    except AttributeError:
-        pass
-    return prefix, suffix
+            return (tokenizer.decode(full[:start]) if start else ""), (tokenizer.decode(rest) if rest else "")
+    return "", ""
