@@ -14,8 +14,8 @@ import evolm
 ROOT = Path(evolm.__file__).parent
 
 LAYERS = [
-    ("bottom", {"__init__", "errors", "seeding", "categories", "metrics", "rewards", "sandbox", "resources", "markdown",
-                "console"}),
+    ("bottom", {"__init__", "errors", "seeding", "categories", "metrics", "rewards", "reference_rewards", "sandbox",
+                "resources", "markdown", "console"}),
     ("core", {"config", "models", "runs", "tasks", "backends", "plots"}),
     ("measure", {"evaluate", "heldout"}),
     ("engines", {"es", "grpo"}),

@@ -1,4 +1,6 @@
-"""Answer checking and rewards of the generated tasks: pure functions on hand-written completions."""
+"""Answer checking and lenient rewards of the generated tasks: pure functions on hand-written completions.
+
+The reference-exact conventions (qiu_exact, tinyzero_exact) are tested in test_reference_rewards.py."""
 
 from __future__ import annotations
 
@@ -6,7 +8,7 @@ from fractions import Fraction
 
 import pytest
 
-from evolm.rewards import REWARDS, Verdict, qiu_reward, tinyzero_reward
+from evolm.rewards import REWARDS, Verdict, format_answer_reward, tiered_reward
 from evolm.tasks import make_task
 from evolm.tasks.base import Example
 from evolm.tasks.countdown import MAX_EQUATION_CHARS, InvalidEquation, check_equation, evaluate_equation
@@ -24,16 +26,16 @@ def arithmetic_example(expression="47 + 85", answer=132) -> Example:
 
 # -- the reward conventions -------------------------------------------------------------------------
 
-@pytest.mark.parametrize("format_ok,correct,qiu,tinyzero", [
+@pytest.mark.parametrize("format_ok,correct,additive,tiered", [
     (True, True, 1.1, 1.0), (False, True, 1.0, 1.0), (True, False, 0.1, 0.1), (False, False, 0.0, 0.0)])
-def test_reward_conventions(format_ok, correct, qiu, tinyzero):
+def test_reward_conventions(format_ok, correct, additive, tiered):
     verdict = Verdict(format_ok=format_ok, correct=correct)
-    assert qiu_reward(verdict) == pytest.approx(qiu)
-    assert tinyzero_reward(verdict) == pytest.approx(tinyzero)
-    assert set(REWARDS) == {"qiu", "tinyzero"}
+    assert format_answer_reward(verdict) == pytest.approx(additive)
+    assert tiered_reward(verdict) == pytest.approx(tiered)
+    assert set(REWARDS) == {"format_answer", "tiered"}
 
 
-@pytest.mark.parametrize("task_name,completion,example,qiu,tinyzero", [
+@pytest.mark.parametrize("task_name,completion,example,additive,tiered", [
     ("countdown", "<answer>3 * 5 + 7</answer>", countdown_example(), 1.1, 1.0),
     ("countdown", "3 * 5 + 7", countdown_example(), 1.0, 1.0),
     ("countdown", "<answer>3 + 5 + 7</answer>", countdown_example(), 0.1, 0.1),
@@ -42,9 +44,35 @@ def test_reward_conventions(format_ok, correct, qiu, tinyzero):
     ("arithmetic", "47 + 85 = 131", arithmetic_example(), 0.1, 0.1),
     ("arithmetic", "To add 47 and 85, we", arithmetic_example(), 0.0, 0.0),
 ])
-def test_task_reward_under_both_conventions(task_name, completion, example, qiu, tinyzero):
-    assert make_task(task_name, reward="qiu").reward(completion, example) == pytest.approx(qiu)
-    assert make_task(task_name, reward="tinyzero").reward(completion, example) == pytest.approx(tinyzero)
+def test_task_reward_under_both_lenient_conventions(task_name, completion, example, additive, tiered):
+    assert make_task(task_name, reward="format_answer").reward(completion, example) == pytest.approx(additive)
+    assert make_task(task_name, reward="tiered").reward(completion, example) == pytest.approx(tiered)
+
+
+@pytest.mark.parametrize("old,new", [("qiu", "format_answer"), ("tinyzero", "tiered")])
+def test_old_convention_names_load_as_the_lenient_ones_with_a_note(old, new, capsys):
+    from evolm import rewards
+
+    rewards._NOTED.discard(old)
+    task = make_task("countdown", reward=old)
+    assert task.reward_name == new                       # never the exact one
+    note = capsys.readouterr().err.strip()
+    assert note.count("\n") == 0 and note.startswith("evolm: note:") and f"'{old}'" in note and f"'{new}'" in note
+    make_task("arithmetic", reward=old)                  # noted once per process
+    assert capsys.readouterr().err == ""
+    assert task.reward("3 * 5 + 7", countdown_example()) == make_task("countdown", reward=new).reward(
+        "3 * 5 + 7", countdown_example())
+
+
+def test_old_config_and_run_directory_load_with_renamed_conventions(tmp_path):
+    from evolm import config
+    from evolm.config import ESJob
+
+    (tmp_path / "config.toml").write_text('[task]\nname = "countdown"\nreward = "qiu"\n')
+    cfg = config.load(ESJob, tmp_path / "config.toml")
+    assert cfg.task.reward == "format_answer"
+    assert 'reward = "format_answer"' in config.to_toml(cfg)   # the resolved config says what it means
+    assert config.load(ESJob, overrides=["task.reward=tinyzero"]).task.reward == "tiered"
 
 
 def test_reward_is_pure():
@@ -162,19 +190,36 @@ def test_generated_solutions_score_full_reward():
 # -- arithmetic: extraction, format and correctness --------------------------------------------------
 
 @pytest.mark.parametrize("completion,answer,format_ok,correct", [
+    # the legitimate single final answers
     ("47 + 85 = 132", "132", True, True),
+    ("47+85=132", "132", True, True),
     ("132", "132", True, True),
+    ("132.", "132", True, True),
     ("The answer is 132.", "132", True, True),
+    ("Answer: 132", "132", True, True),
     ("\n47 + 85 = 132\nThis is a classic example", "132", True, True),
     ("<answer>132</answer>", "132", True, True),
+    ("<answer>47 + 85 = 132</answer>", "132", True, True),
     ("Let me think <answer>1,32</answer>", "132", True, True),
+    ("47 + 85 = 132.0", "132.0", True, True),
+    ("47 × 85 = 132", "132", True, True),               # the expression is not evaluated: only the result counts
     ("47 + 85 = 131", "131", True, False),
-    ("47 + 85 = 132.5", "132.5", False, False),
-    ("To add 47 and 85, we first", "85", False, False),
-    ("47 + 85 = 132. This is", "132", False, True),       # right number, but the line trails off
-    ("To add 47 and 85:\n47 + 85 = 132", "85", False, False),  # only the first line is read
-    ("132 is wrong, it is 131", "131", True, False),
+    ("47 + 85 = 132.5", "132.5", True, False),
+    # no single final answer: nothing
+    ("To add 47 and 85, we first", None, False, False),
+    ("47 + 85 = 132. This is", None, False, False),      # prose after the answer
+    ("To add 47 and 85:\n47 + 85 = 132", None, False, False),  # only the first line is read
+    ("132 is wrong, it is 131", None, False, False),
     ("", None, False, False),
+    # the known hacks: several candidates
+    ("130 131 132", None, False, False),
+    ("47 + 85 = 131, 132", None, False, False),
+    ("47 + 85 = 131 = 132", None, False, False),
+    ("47 + 85 = 131 132", None, False, False),
+    ("<answer>131 132</answer>", None, False, False),
+    ("<answer>131\n132</answer>", None, False, False),
+    ("The answer is 131 or 132.", None, False, False),
+    ("x = 132", None, False, False),
 ])
 def test_arithmetic_check(completion, answer, format_ok, correct):
     task = make_task("arithmetic")
@@ -188,3 +233,16 @@ def test_arithmetic_negative_answers():
     example = arithmetic_example("12 - 47", -35)
     assert task.check("12 - 47 = -35", example) == Verdict(True, True, "-35")
     assert task.check("12 - 47 = 35", example).correct is False
+
+
+@pytest.mark.parametrize("completion", ["79 80 81", "40 + 41 = 80, 81", "40 + 41 = 80 = 81", "<answer>79 80 81</answer>"])
+def test_arithmetic_hacks_earn_nothing(completion):
+    example = arithmetic_example("40 + 41", 81)
+    for reward in ("format_answer", "tiered"):
+        assert make_task("arithmetic", reward=reward).reward(completion, example) == 0.0
+
+
+@pytest.mark.parametrize("completion", ["40 + 41 = 81", "81", "<answer>81</answer>", "The answer is 81."])
+def test_arithmetic_legitimate_forms_earn_full_reward(completion):
+    example = arithmetic_example("40 + 41", 81)
+    assert make_task("arithmetic").reward(completion, example) == pytest.approx(1.1)

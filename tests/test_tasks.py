@@ -168,8 +168,8 @@ def test_demonstrations_follow_knobs_and_are_train_problems():
 # -- params and errors -----------------------------------------------------------------------------
 
 def test_make_task_with_params():
-    task = make_task("arithmetic", reward="tinyzero", digits=3)
-    assert (task.reward_name, task.digits, task.operators, task.terms) == ("tinyzero", 3, "+", 2)
+    task = make_task("arithmetic", reward="tiered", digits=3)
+    assert (task.reward_name, task.digits, task.operators, task.terms) == ("tiered", 3, "+", 2)
     countdown = make_task("countdown", numbers=[2, 4], max_number=12, max_target=99)
     assert countdown.knobs() == {"numbers": [2, 4], "max_number": 12, "max_target": 99}
 
@@ -191,6 +191,12 @@ def test_make_task_with_params():
     ("countdown", {"max_number": 0}, "max_number must be"),
     ("countdown", {"max_target": 2.5}, "max_target must be"),
     ("arithmetic", {"reward": "binary"}, "task.reward must be one of"),
+    ("arithmetic", {"reward": "qiu_exact"}, "exists only for countdown, not 'arithmetic'"),
+    ("gsm8k", {"reward": "tinyzero_exact"}, "exists only for countdown, not 'gsm8k'"),
+    ("countdown", {"train_path": "x.json"}, "train_path needs path"),
+    ("countdown", {"train_rows": 10}, "train_rows and test_rows need path"),
+    ("countdown", {"path": "x.json", "test_rows": 0}, "test_rows must be a positive integer"),
+    ("countdown", {"path": 3}, "path must be a file path"),
 ])
 def test_bad_params_are_one_line_config_errors(name, params, message):
     with pytest.raises(ConfigError, match=message) as info:

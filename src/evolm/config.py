@@ -35,6 +35,7 @@ import tomli_w
 
 from evolm.categories import CATEGORIES
 from evolm.errors import ConfigError
+from evolm.rewards import EXACT, resolve_reward
 from evolm.tasks import TASKS
 
 
@@ -84,15 +85,21 @@ class ModelConfig:
 class TaskConfig:
     name: str = "arithmetic"
     """Training task: arithmetic or countdown (procedural), or any task in ``evolm.tasks.TASKS``."""
-    reward: Literal["qiu", "tinyzero"] = "qiu"
-    """Reward convention: qiu = 0.1 x format + 1.0 x answer (Qiu et al.); tinyzero = 0 / 0.1 (format only) / 1.0 (correct)."""
+    reward: str = "format_answer"
+    """Reward convention (docs/rewards.md): format_answer = 0.1 x format + 1.0 x answer and tiered = 1.0 correct / 0.1 format only / 0, both with evolm's lenient answer checkers (any task); qiu_exact and tinyzero_exact = Qiu et al.'s and TinyZero's countdown reward code reproduced exactly (countdown only). The old names qiu and tinyzero load as format_answer and tiered."""
     params: dict[str, Any] = field(default_factory=dict)
-    """Task knobs, e.g. {digits = 2, operators = "+", terms = 2} for arithmetic or {numbers = [3, 4]} for countdown."""
+    """Task knobs, e.g. {digits = 2, operators = "+", terms = 2} for arithmetic, {numbers = [3, 4]} for countdown, or {path = "countdown.json"} for countdown on Qiu et al.'s or TinyZero's data files."""
     system_prompt: str | None = None
     """System message for chat models; None uses the task's own short instruction, "" drops it (the template's default may then appear)."""
 
     def validate(self, p: str) -> None:
         require(self.name in TASKS, f"{p}.name must be one of {sorted(TASKS)} (got '{self.name}')")
+        self.reward = resolve_reward(self.reward, f"{p}.reward")
+        if self.reward in EXACT:
+            owners = sorted(n for n, cls in TASKS.items() if self.reward in cls.exact_conventions)
+            require(self.reward in TASKS[self.name].exact_conventions,
+                    f"{p}.reward = '{self.reward}' reproduces {EXACT[self.reward]} and exists only for "
+                    f"{', '.join(owners)}, not '{self.name}'; use format_answer or tiered")
 
 
 @dataclass

@@ -33,7 +33,7 @@ import torch
 from evolm.backends.base import SamplingParams
 from evolm.evaluate import evaluate_task
 from evolm.seeding import seed31
-from evolm.tasks import make_task
+from evolm.tasks import heldout_reward, make_task
 
 
 @contextlib.contextmanager
@@ -65,7 +65,7 @@ def probe_record(probe: Callable, model, step: int, method: str) -> dict:
 def _task_for(name: str, params: dict, train_task, reward: str):
     if not name or name == train_task.name and not params:
         return train_task
-    return make_task(name, reward, None, **params)
+    return make_task(name, heldout_reward(name, reward), None, **params)
 
 
 def _measure(generator, task, tokenizer, seed: int, count: int, n: int, ks, temperature: float, top_p: float,

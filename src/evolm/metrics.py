@@ -20,8 +20,11 @@ Definitions (for one problem with ``n`` samples of which ``c`` are correct):
 - Token entropy is measured by the generation backend (mean over each completion's generated tokens
   of the full next-token distribution's entropy at the sampling temperature); here it is aggregated
   token-weighted: ``sum_i H_i * T_i / sum_i T_i`` over completions with ``T_i`` tokens.
-- Distinct correct answers: the number of different (extracted, whitespace-stripped) final answers
-  among a problem's correct samples, a direct count of how many ways the model finds to be right.
+- Distinct correct answers: the number of different final answers among a problem's correct
+  samples, a direct count of how many ways the model finds to be right.
+- "Same answer" (a maj@k vote group, one distinct answer) means equal keys. Callers pass canonical
+  keys, not raw text: ``evolm.evaluate`` passes ``task.canonical_answer(answer)``, so "3+5" and
+  "3 + 5" vote together (``evolm.tasks.canonical``). Here keys are only whitespace-stripped.
 """
 
 from __future__ import annotations

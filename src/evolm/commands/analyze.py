@@ -195,7 +195,7 @@ def _build_evaluator(args, base_spec: str, loaded):
             raise UserError(f"--task-param expects KEY=VALUE (got '{assignment}')")
         key, value = assignment.split("=", 1)
         params[key.strip()] = config.parse_value(value.strip())
-    task = make_task(task_cfg["name"], reward=task_cfg.get("reward", "qiu"), system_prompt=task_cfg.get("system_prompt"), **params)
+    task = make_task(task_cfg["name"], reward=task_cfg.get("reward", "format_answer"), system_prompt=task_cfg.get("system_prompt"), **params)
     examples = task.examples(args.split, args.limit, args.seed)
     if not examples:
         raise UserError(f"task '{task_cfg['name']}' has no '{args.split}' examples")

@@ -66,7 +66,8 @@ def register(sub) -> None:
     p.add_argument("--split", default="test", help="split to evaluate (default: test, which is validation for csqa and sst2)")
     p.add_argument("--seed", type=int, default=0, help="seed of the problem subset and of sampling (default: 0)")
     p.add_argument("--task-param", action="append", default=[], metavar="TASK.KEY=VALUE",
-                   help="a task parameter, e.g. gpqa.path=~/gpqa_diamond.csv or hotpotqa.context=none (repeatable)")
+                   help="a task parameter, e.g. gpqa.path=~/gpqa_diamond.csv, hotpotqa.context=none, countdown.path=countdown.json "
+                        "or countdown.reward=qiu_exact (the checker of a reward convention; docs/rewards.md) (repeatable)")
     p.add_argument("--no-greedy", action="store_true", help="skip the greedy (temperature 0) accuracy pass")
     p.add_argument("--out", "-o", default=None,
                    help="output directory (default: RUN_DIR/eval for a run directory, else runs/eval-<model>-<time>)")

