@@ -393,7 +393,7 @@ def _make_callback(trainer_ref: dict, run: RunDir, cfg: GRPOJob, meter: RolloutM
             run.log_metrics(record)
             if probe is not None and cfg.probe.every and step % cfg.probe.every == 0:
                 run.log_metrics(probe_record(probe, model, step, METHOD))
-            if cfg.run.checkpoint_every and step % cfg.run.checkpoint_every == 0:
+            if cfg.run.checkpoints and step % cfg.run.checkpoint_every == 0:
                 trainer = trainer_ref["trainer"]
 
                 def write_trainer_files(tmp: Path) -> None:

@@ -1,4 +1,5 @@
-"""What several verbs share: the ``--config/--set/--resume`` options and turning them into a job config."""
+"""What several verbs share: the ``--config/--set/--resume`` options, turning them into a job config, and
+the before/after table every training verb prints last."""
 
 from __future__ import annotations
 
@@ -44,3 +45,14 @@ def before_after_table(before: dict, after: dict, ks) -> str:
             continue
         lines.append(f"{label:<26}{b:>10.3f}{a:>10.3f}{a - b:>+10.3f}")
     return "\n".join(lines)
+
+
+def outcome(run: RunDir, ks) -> str:
+    """What a training verb prints last: the held-out before/after table (``before_after_table``), or a
+    line saying why there is none."""
+    before, after = run.evaluation("before"), run.evaluation("after")
+    if before and after:
+        head = (f"held-out evaluation ({after.get('task')}, {after.get('summary', {}).get('problems')} problems never "
+                f"trained on, the same before and after; eval_before.json / eval_after.json in {run.path}):")
+        return head + "\n" + before_after_table(before["summary"], after["summary"], ks)
+    return f"no before/after table: the run has no held-out evaluation (eval.before_after = false) in {run.path}"

@@ -177,7 +177,7 @@ def train(cfg, comps, run: RunDir, start, params: ParamSet, *, probe: Callable |
             step = record["step"]
             if probe is not None and cfg.probe.every and step % cfg.probe.every == 0 and step < es.iterations:
                 run.log_metrics(probe_record(probe, model, step, METHOD))
-            if cfg.run.checkpoint_every and step % cfg.run.checkpoint_every == 0 and step < es.iterations:
+            if cfg.run.checkpoints and step % cfg.run.checkpoint_every == 0 and step < es.iterations:
                 ckpt = run.save_checkpoint(float32_model(model, params), step, {"method": METHOD, **totals},
                                            keep=cfg.run.keep_checkpoints)
                 _save_masters(params, ckpt)
