@@ -42,7 +42,7 @@ from evolm.tasks import TASKS
 # --------------------------------------------------------------------------------------------------
 # sections
 
-TRACKERS = ("tensorboard", "wandb", "mlflow")
+TRACKERS = ("tensorboard", "wandb")
 """The experiment trackers ``run.report_to`` can name (``evolm.trackers``)."""
 
 
@@ -65,9 +65,9 @@ class RunConfig:
     save_dtype: Literal["float32", "bfloat16"] = "float32"
     """Dtype of the weights in final/: bfloat16 halves the disk; checkpoints stay float32 so a resume is exact, and `evolm eval --like` reproduces eval_after.json exactly only from float32 weights."""
     report_to: list[str] = field(default_factory=list)
-    """Experiment trackers that receive every metrics record as it is written, with the run's name and config: tensorboard (event files in RUN_DIR/tensorboard), wandb (RUN_DIR/wandb, offline unless wandb_mode = "online"), mlflow (a file store in RUN_DIR/mlruns unless MLFLOW_TRACKING_URI is set). Install them with pip install 'evolm[trackers]'."""
+    """Experiment trackers that receive every metrics record as it is written, with the run's name and config: tensorboard (event files in RUN_DIR/tensorboard), wandb (RUN_DIR/wandb, offline unless wandb_mode = "online"). Install them with pip install 'evolm[trackers]'."""
     tracker_project: str = "evolm"
-    """Project (wandb) or experiment (mlflow) name the trackers file the run under."""
+    """wandb project the run is filed under."""
     wandb_mode: Literal["offline", "online"] = "offline"
     """wandb: offline writes RUN_DIR/wandb/offline-run-* without a network (upload later with `wandb sync`); online streams to the wandb server (needs `wandb login`)."""
 

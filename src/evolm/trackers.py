@@ -1,4 +1,4 @@
-"""Experiment trackers: every metrics record a run writes, streamed to TensorBoard, wandb or MLflow.
+"""Experiment trackers: every metrics record a run writes, streamed to TensorBoard and wandb.
 
 ``run.report_to = ["tensorboard", "wandb"]`` opens one tracker run per evolm run, named after the run
 directory, with the resolved config; every record appended to ``metrics.jsonl`` (training updates,
@@ -11,7 +11,7 @@ Design decisions:
   pipeline rebuilds its stream from its stages (``pipeline.write_combined``) and hands every record
   to the same listener, which sends each record once (``once=True``: keyed by kind, step, label and
   stage), so a pipeline is one tracker run on the global update axis; its stages open none. Sweep
-  points are ordinary runs, grouped under the sweep's directory name (wandb ``group``, MLflow tag;
+  points are ordinary runs, grouped under the sweep's directory name (wandb ``group``;
   ``tensorboard --logdir SWEEP_DIR`` shows every point).
 - ``metrics.jsonl`` stays the source of truth and trackers are a view of it: a tracker that raises is
   closed with one warning line and the run goes on; nothing a run computes depends on them.
@@ -21,14 +21,16 @@ Design decisions:
   (loss, grad_norm, kl, ...); TRL's own ``report_to`` stays "none", so nothing is logged twice.
 - Names and configs: the tracker run is named after the run directory (a sweep point
   ``<sweep>/<point>``), tagged with the job kind, and carries the resolved config (TensorBoard: the
-  TOML as text ``config``; wandb: ``config``; MLflow: flattened params).
+  TOML as text ``config``; wandb: ``config``).
 - Resume: TensorBoard purges events after the resume point (``SummaryWriter(purge_step=...)``), so
   re-run updates replace the lost ones; wandb resumes the same run id (kept in ``run.json``) and
   plots against its own ``update`` axis (``define_metric``), so a re-logged step never trips wandb's
-  monotonic step counter; MLflow resumes the same run id.
+  monotonic step counter.
 - Where: TensorBoard ``RUN_DIR/tensorboard/``; wandb ``RUN_DIR/wandb/`` (offline by default: no
-  network; ``wandb sync RUN_DIR/wandb/offline-run-*`` uploads later); MLflow a file store
-  ``RUN_DIR/mlruns`` unless ``MLFLOW_TRACKING_URI`` names a server.
+  network; ``wandb sync RUN_DIR/wandb/offline-run-*`` uploads later).
+- Not MLflow or trackio (yet): MLflow 3 keeps its file store in maintenance mode (it refuses to open
+  one unless told to) and its SQLite store needs SQLAlchemy and Alembic; trackio was not tried. A
+  tracker is one small class here (``log``, ``close``, ``info``).
 - The packages are optional (``pip install 'evolm[trackers]'``) and imported only when a tracker
   opens; ``check`` names a missing one in one line before the run directory is created.
 """
@@ -38,15 +40,13 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import os
-import re
 import sys
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Iterable
 
 from evolm.errors import UserError
 
-PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
+PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb"}
 """The Python package each tracker needs (all in the ``trackers`` extra)."""
 
 
@@ -73,17 +73,6 @@ def scalars(record: dict) -> dict[str, float]:
 def record_key(record: dict) -> str:
     """What makes a record unique in a stream: kind, step, label and stage."""
     return json.dumps([record.get("kind", "train"), record.get("step"), record.get("label"), record.get("stage")])
-
-
-def flatten(config: dict, prefix: str = "") -> dict[str, Any]:
-    """``{"es": {"sigma": 0.001}}`` -> ``{"es.sigma": 0.001}`` (pure)."""
-    out: dict[str, Any] = {}
-    for key, value in config.items():
-        if isinstance(value, dict) and value:
-            out.update(flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
 
 
 # -- the trackers --------------------------------------------------------------------------------------
@@ -138,50 +127,7 @@ class _Wandb:
         return {"id": self.run.id, "dir": str(Path(self.run.dir).parent)}
 
 
-class _MLflow:
-    name = "mlflow"
-
-    def __init__(self, run_path: Path, title: str, kind: str, config: dict, group: str | None, project: str,
-                 previous: dict, **_):
-        from mlflow.tracking import MlflowClient  # optional: the `trackers` extra
-
-        self.uri = os.environ.get("MLFLOW_TRACKING_URI") or (run_path / "mlruns").resolve().as_uri()
-        self.client = MlflowClient(tracking_uri=self.uri)
-        if previous.get("id") and previous.get("uri") == self.uri:
-            self.run_id = previous["id"]
-            self.client.update_run(self.run_id, status="RUNNING")
-        else:
-            experiment = self.client.get_experiment_by_name(project)
-            experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(project)
-            tags = {"evolm.kind": kind, "evolm.run_dir": str(run_path)} | ({"evolm.sweep": group} if group else {})
-            self.run_id = self.client.create_run(experiment_id, run_name=title, tags=tags).info.run_id
-            from mlflow.entities import Param  # optional: the `trackers` extra
-
-            params = [Param(_mlflow_key(k), str(v)[:6000]) for k, v in flatten(config).items()]
-            for i in range(0, len(params), 100):
-                self.client.log_batch(self.run_id, params=params[i:i + 100])
-
-    def log(self, step: int, values: dict[str, float]) -> None:
-        import time
-
-        from mlflow.entities import Metric  # optional: the `trackers` extra
-
-        now = int(time.time() * 1000)
-        self.client.log_batch(self.run_id, metrics=[Metric(_mlflow_key(k), v, now, step) for k, v in values.items()])
-
-    def close(self, status: str) -> None:
-        self.client.set_terminated(self.run_id, status={"finished": "FINISHED", "interrupted": "KILLED"}.get(status, "FAILED"))
-
-    def info(self) -> dict:
-        return {"id": self.run_id, "uri": self.uri}
-
-
-def _mlflow_key(key: str) -> str:
-    """MLflow keys allow letters, digits, ``_ - . / `` and spaces: ``pass@8`` -> ``pass_at_8``."""
-    return re.sub(r"[^A-Za-z0-9_\-./ ]", "_", key.replace("@", "_at_"))
-
-
-_CLASSES = {"tensorboard": _TensorBoard, "wandb": _Wandb, "mlflow": _MLflow}
+_CLASSES = {"tensorboard": _TensorBoard, "wandb": _Wandb}
 
 
 class Trackers:
@@ -261,4 +207,4 @@ def open_trackers(names: Iterable[str], run_path: str | Path, *, kind: str, conf
     return Trackers(opened, once=once, sent=sent)
 
 
-__all__ = ["Trackers", "open_trackers", "check", "scalars", "record_key", "flatten", "PACKAGES"]
+__all__ = ["Trackers", "open_trackers", "check", "scalars", "record_key", "PACKAGES"]
