@@ -75,9 +75,14 @@ def _task_for(name: str, params: dict, train_task, reward: str):
     return make_task(name, heldout_reward(name, reward), None, **params)
 
 
+def heldout_examples(task, seed: int, count: int) -> list:
+    """The ``count`` held-out (test) problems of ``task`` that a run with root seed ``seed`` measures."""
+    return task.examples("test", count, seed=seed31(seed, "heldout", task.name))
+
+
 def _measure(generator, task, tokenizer, seed: int, count: int, n: int, ks, temperature: float, top_p: float,
              max_new_tokens: int, greedy: bool, progress: bool) -> dict:
-    examples = task.examples("test", count, seed=seed31(seed, "heldout", task.name))
+    examples = heldout_examples(task, seed, count)
     sampling = SamplingParams(n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
                               seed=seed31(seed, "heldout-sampling"), return_entropy=True)
     result = evaluate_task(generator, task, tokenizer, examples, sampling, ks=ks, greedy=greedy, progress=progress)

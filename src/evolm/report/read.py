@@ -7,8 +7,8 @@ Design decisions:
   points are run directories, summarised by ``evolm.sweep.summarize_sweep``); ``run.json`` -> a run
   (``kind`` es, grpo, pipeline; a directory of runs, e.g. a pipeline sweep, is taken run by run);
   ``eval.json`` -> an ``evolm eval`` output; ``<kind>.json`` for a kind in ``ANALYSIS_KINDS`` -> an
-  ``evolm analyze`` output. A run directory's ``eval/`` and ``analysis/`` subdirectories (the default
-  outputs of ``evolm eval`` / ``evolm analyze`` for it) are read too.
+  ``evolm analyze`` output. A run directory's ``eval/`` (one directory per ``evolm eval`` invocation,
+  ``eval/<time>-<tasks>/``, and an older ``eval/eval.json``) and ``analysis/`` are read too.
 - Run directories are read only through the ``RunDir`` read side (``info()``, ``config()``,
   ``train_records()``, ``probes()``, ``evaluation(label)``), so the report keeps the same record per
   step as every other reader (the last one logged) and treats a record without ``kind`` the same.
@@ -112,6 +112,12 @@ def read_sweep(path: Path, reader: Reader) -> dict:
     return summary
 
 
+def _eval_dirs(path: Path) -> list[Path]:
+    """A run's ``evolm eval`` outputs: one directory per invocation under ``RUN_DIR/eval/`` (in name, i.e.
+    time, order)."""
+    return sorted(p for p in path.iterdir() if (p / "eval.json").exists()) if path.is_dir() else []
+
+
 def _analysis_files(path: Path) -> list[Path]:
     return [path / f"{k}.json" for k in ANALYSIS_KINDS if (path / f"{k}.json").exists()]
 
@@ -138,7 +144,7 @@ def gather(paths: list[str], labels: dict[str, str], reader: Reader) -> Sources:
                 for child in sorted(p for p in path.iterdir() if (p / "run.json").exists()):
                     src.runs.append(read_run(child, f"{label or path.name}/{child.name}", reader))
                     found = True
-        subdirs = [path] + ([path / "eval", path / "analysis"] if found else [])
+        subdirs = [path] + ([path / "eval", *_eval_dirs(path / "eval"), path / "analysis"] if found else [])
         for d in subdirs:
             if (d / "eval.json").exists():
                 src.evals.append((label or (path.name if d == path else f"{path.name}/{d.name}"), d, reader.json(d / "eval.json")))
