@@ -337,9 +337,11 @@ def _model_name(spec: str) -> str:
 
 
 def _run_dir(spec: str | None) -> Path | None:
-    """``spec`` as an evolm run directory (``run.json`` + ``config.toml``), or None."""
+    """``spec`` as an evolm run directory (``run.json`` + ``config.toml``, or ``final/``), or None."""
     path = Path(spec).expanduser() if spec else None
-    return path if path is not None and (path / "run.json").exists() and (path / "config.toml").exists() else None
+    if path is None or not path.is_dir():
+        return None
+    return path if (path / "run.json").exists() and (path / "config.toml").exists() or (path / "final").is_dir() else None
 
 
 def default_out_dir(spec: str | None, tasks: Sequence[str] = (), like: str | None = None) -> Path:

@@ -19,7 +19,13 @@ Design decisions:
 - Appends to JSONL files are flushed and fsynced per record. On resume, records newer than the
   checkpoint are dropped (``truncate_after``) so the resumed stream has no duplicates.
 - Weights are saved with ``save_pretrained`` (safetensors, tied weights handled, Hugging Face names),
-  never in a backend's internal (e.g. fused vLLM) naming.
+  never in a backend's internal (e.g. fused vLLM) naming; ``final/`` optionally in bfloat16
+  (``run.save_dtype``). Every file and directory a run writes gets the usual permissions under the
+  umask (0644 / 0755 under umask 022), although ``mkstemp``/``mkdtemp`` and safetensors create them
+  private, so a colleague can read the models.
+- ``run.save``: ``all`` (checkpoints + ``final/``), ``final`` or ``none``; a run that saved no weights
+  says so in ``run.json`` (``weights = "none"``) and counts as finished without ``final/``.
+- ``listeners`` receive every record ``log_metrics`` appends (``evolm.trackers``), after it is on disk.
 - One read side for every consumer (report, sweep, pipeline, plots, demo): ``RunDir.state()``
   (absent / started / finished), ``train_records()`` and ``probes()`` (one record per step, the last
   one logged winning; a record without ``kind`` is a training record), ``evaluation(label)``
@@ -291,12 +297,13 @@ def save_model_dir(target: Path, model, tokenizer, extra: dict[str, Any],
     JSON files ``extra``, and whatever ``write_extra(tmp)`` adds) and rename it into place atomically.
 
     ``dtype`` (``"bfloat16"`` ...): store the floating-point weights in that dtype (the model itself is
-    not changed). The directory gets the usual permissions (``mkdtemp`` creates it 0700)."""
+    not changed). Files and directories get the usual permissions under the umask (``mkdtemp`` creates
+    the directory 0700, safetensors its file 0600), so a colleague can read a model."""
     quiet_transformers()
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
-        os.chmod(tmp, 0o777 & ~_UMASK)  # readable by others as umask allows, like any directory
+        os.chmod(tmp, 0o777 & ~_UMASK)
         cast = _cast_state(model, dtype)
         model.save_pretrained(tmp, safe_serialization=True, **cast)
         if cast and (tmp / "config.json").exists():  # record the stored dtype, so dtype="auto" loads it as stored
@@ -309,6 +316,8 @@ def save_model_dir(target: Path, model, tokenizer, extra: dict[str, Any],
             atomic_write_json(tmp / fname, obj)
         if write_extra is not None:
             write_extra(tmp)
+        for path in tmp.rglob("*"):  # safetensors writes 0600 files: give everything the usual permissions
+            os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~_UMASK)
         if target.exists():
             old = target.with_name(f".{target.name}.old")
             shutil.rmtree(old, ignore_errors=True)
@@ -330,7 +339,9 @@ def _cast_state(model, dtype: str | None) -> dict:
     state = model.state_dict()
     if target is None or all(not t.is_floating_point() or t.dtype == target for t in state.values()):
         return {}
-    return {"state_dict": {k: t.to(target) if t.is_floating_point() else t for k, t in state.items()}}
+    # tied aliases (lm_head.weight = embed_tokens.weight) left out, so the file has the names a plain save writes
+    aliases = {n for n, _ in model.named_parameters(remove_duplicate=False)} - {n for n, _ in model.named_parameters()}
+    return {"state_dict": {k: t.to(target) if t.is_floating_point() else t for k, t in state.items() if k not in aliases}}
 
 
 def load_weights(model, directory: Path) -> None:
