@@ -24,7 +24,9 @@ Design decisions:
   generation backend does and returns ``task.reward(text, example)``: the pure Task reward ES uses.
 - The model is loaded by ``evolm.models.load`` and handed to TRL as an object (with the tokenizer as
   ``processing_class``), so every model spec works offline. TRL's own saving, logging integrations,
-  progress printing and vLLM are off; evolm writes the run directory from a ``TrainerCallback``.
+  progress printing and vLLM are off; evolm writes the run directory from a ``TrainerCallback``, and
+  its records (which carry TRL's loss, KL, gradient norm, ...) reach the experiment trackers of
+  ``run.report_to`` from there, so nothing is logged twice.
 - Cost accounting per update (same field names as ES records): ``seconds`` (generation + loss +
   optimizer step; probes and checkpoint writes excluded), ``seconds_total``, ``gen_sequences``,
   ``gen_tokens`` (completion tokens up to and including end-of-sequence), their running totals, and

@@ -201,9 +201,10 @@ def open_trackers(names: Iterable[str], run_path: str | Path, *, kind: str, conf
             opened.append(_CLASSES[name](run_path=run_path, title=title, kind=kind, config=config, config_toml=config_toml,
                                          group=group, project=project, mode=wandb_mode, previous=previous.get(name) or {},
                                          resume_step=resume_step))
-    except Exception:
+    except Exception as e:
         Trackers(opened).close("failed")
-        raise
+        raise UserError(f"could not open the {name} tracker ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+                        f"fix it or drop '{name}' from run.report_to (e.g. --set run.report_to=[])") from e
     return Trackers(opened, once=once, sent=sent)
 
 
