@@ -113,3 +113,23 @@ def test_analysis_re_evaluates_on_the_runs_held_out_problems_by_default(es_run, 
     setup2 = json.loads((tmp_path / "s2" / "sparsity.json").read_text())["evaluation"]
     assert setup2["num_examples"] == 3 and "problems_from" not in setup2
     assert RunDir.open(run).state() == "finished"
+
+
+def test_eval_like_reproduces_a_grpo_runs_after_evaluation(tmp_path, tokenizer, capsys):
+    pytest.importorskip("trl")
+    import test_grpo  # registers the toy_letter task
+
+    from evolm.jobs import run_grpo
+
+    base = tmp_path / "base"
+    make_tiny_model(tokenizer).save_pretrained(base)
+    tokenizer.save_pretrained(base)
+    cfg = test_grpo.tiny_cfg(tmp_path, probe_every=0)
+    cfg.model.spec, cfg.run.checkpoint_every = str(base), 0
+    cfg.eval.before_after, cfg.eval.count, cfg.eval.n_samples, cfg.eval.k, cfg.eval.max_new_tokens = True, 3, 2, [1, 2], 6
+    run = run_grpo(cfg, quiet=True)
+    capsys.readouterr()
+    assert main(["eval", "--like", str(run.path), "--no-progress"]) == 0
+    assert "the same summary, exactly" in capsys.readouterr().out
+    (out,) = (run.path / "eval").iterdir()
+    assert _only_task(out)["summary"] == run.evaluation("after")["summary"]
