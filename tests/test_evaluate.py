@@ -211,7 +211,8 @@ def test_cli_eval_on_a_run_directory(saved_tiny, tmp_path, capsys, monkeypatch):
     argv = ["eval", "--model", str(saved_tiny), "--tasks", "csqa", "--task-param", f"csqa.path={fixture}", "--n", "4",
             "--k", "1,4", "--limit", "2", "--max-new-tokens", "5", "--no-progress"]
     assert main(argv) == 0
-    out = saved_tiny / "eval"  # a run directory's default output place
+    (out,) = (saved_tiny / "eval").iterdir()  # a run directory's default output place: a new directory per call
+    assert out.name.endswith("-csqa")
     report = json.loads((out / "eval.json").read_text())
     assert report["tasks"]["csqa"]["generated"] == 2 * 4 + 2
     assert set(report["tasks"]["csqa"]["summary"]) >= {"pass@1", "pass@4", "maj@4", "greedy", "entropy", "distinct_correct"}

@@ -314,8 +314,10 @@ lr = 1e-3
 before_after = false
 """)
     assert main(["grpo", "--config", str(cfg_file)]) == 0
-    out = capsys.readouterr().out.strip().splitlines()[-1]
-    assert Path(out) == tmp_path / "cli"
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0] == f"[evolm] run directory: {tmp_path / 'cli'}", "the run directory is the first line"
+    assert lines[-1].startswith("no before/after table: the run has no held-out evaluation")
+    out = str(tmp_path / "cli")
     assert main(["grpo", "--resume", out, "--set", "grpo.steps=3"]) == 0
     run = RunDir.open(out)
     assert [r["step"] for r in run.metrics()] == [1, 2, 3]

@@ -48,3 +48,19 @@ def test_demo_cli_runs_end_to_end_with_a_tiny_budget(tmp_path, capsys):
     out = capsys.readouterr().out
     assert code == 0
     assert "greedy accuracy" in out and "pass@2 (T=1)" in out and "run directory:" in out
+    lines = out.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("[evolm] run directory: "))
+    assert first < next(i for i, line in enumerate(lines) if "held-out evaluation (before)" in line)
+    meaning = lines[lines.index("What these numbers mean:"):]
+    assert meaning[1].startswith("- held-out (the table): 2 test problems")
+    assert meaning[2].startswith("- training reward: the population's mean reward on each update's own minibatch")
+    assert "not a before/after comparison" in meaning[2] and "evolm eval --like" in meaning[3]
+    assert lines.index("What these numbers mean:") > max(i for i, line in enumerate(lines) if line.startswith("greedy accuracy"))
+
+    # a new user reproduces the run's held-out numbers exactly, on the real model and its real prompts
+    run_dir = lines[first].split(": ", 1)[1]
+    assert main(["eval", "--like", run_dir, "--no-progress"]) == 0
+    assert "the same summary, exactly" in capsys.readouterr().out
+    after = json.loads((tmp_path / run_dir / "eval_after.json").read_text())
+    (like,) = [json.loads((d / "eval.json").read_text()) for d in (tmp_path / run_dir / "eval").iterdir()]
+    assert like["tasks"][after["task"]]["summary"] == after["summary"]

@@ -242,3 +242,87 @@ def test_imported_first_without_torch_or_matplotlib(module):
     src = str(Path(__file__).resolve().parents[1] / "src")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": src})
     assert proc.returncode == 0, proc.stderr
+
+
+def test_inputs_are_read_once_with_short_labels_and_one_colour_per_run(inputs, tmp_path):
+    from evolm.evaluate import write_outputs
+    from evolm.report import build_report
+    from evolm.report.read import Reader, gather
+
+    es = inputs["es"]
+    # two evaluations of the run, as `evolm eval --model RUN` writes them: one per invocation
+    for stamp, spec in (("20260101-000000-vowels-third", str(es)), ("20260101-000100-like-base", str(inputs["base"]))):
+        report = json.loads((es / "eval_after.json").read_text())
+        write_outputs({"model": {"spec": spec, "fingerprint": "x"}, "settings": {"n": 4, "ks": [1, 2, 4], "temperature": 1.0,
+                                                                              "top_p": 1.0, "split": "test", "seed": 0,
+                                                                              "greedy": True},
+                       "tasks": {"vowels-third": report}}, es / "eval" / stamp)
+    (es / "analysis").mkdir()
+    (es / "analysis" / "drift.json").write_text((inputs["analysis"] / "drift.json").read_text())
+    try:
+        # the run, its analysis directory again (another spelling) and the run once more: each read once
+        src = gather([str(es), str(es / "analysis"), str(es / "." / "eval" / ".." / "analysis"), str(es) + "/"],
+                     {}, Reader())
+        assert [r.label for r in src.runs] == ["es"]
+        assert [label for label, _, _ in src.evals] == ["es eval", "es eval (base)"]
+        assert [label for label, _, _ in src.analyses["drift"]] == ["es"]
+        assert src.colors["es eval"] == src.colors["es eval (base)"] == src.colors["es"]
+        both = gather([str(es), str(inputs["grpo"])] if "grpo" in inputs else [str(es)], {}, Reader())
+        assert len(set(both.colors.values())) == len(both.runs), "one colour per run"
+        result = build_report([str(es), str(es / "analysis")], tmp_path / "r")
+        md = result.markdown.read_text()
+        assert md.count("## Analysis: drift") == 1
+        passk = next(s for s in json.loads(result.json.read_text())["sections"] if s["title"].startswith("Held-out pass@k"))
+        labels = [r[0] for r in passk["tables"][0]["rows"]]
+        assert labels == ["es base", "es", "es eval", "es eval (base)"] or labels == ["base", "es", "es eval", "es eval (base)"]
+        assert not any("/" in label or ":" in label for label in labels), "short labels, no paths"
+    finally:
+        import shutil
+
+        shutil.rmtree(es / "analysis")
+        shutil.rmtree(es / "eval")
+
+
+def _mc_eval(path, problems, c):
+    """An `evolm eval` output written by hand: a 4-choice task whose problems each define chance 0.25."""
+    path.mkdir(parents=True)
+    probs = [{"id": str(i), "n": 4, "c": c, "chance": 0.25} for i in range(problems)]
+    report = {"model": {"spec": "m", "fingerprint": "f"}, "settings": {"n": 4, "ks": [1, 4]},
+              "tasks": {"csqa": {"task": "csqa", "problems": probs,
+                                 "summary": {"problems": problems, "n": 4, "pass@1": c / 4}}}}
+    (path / "eval.json").write_text(json.dumps(report))
+    return path
+
+
+def test_chance_curves_and_warnings_for_all_zero_or_small_evaluations(tmp_path):
+    from evolm.report import build_report
+    from evolm.report.sections import chance_curve
+
+    assert chance_curve({"problems": [{"n": 2, "chance": 0.5}, {"n": 2, "chance": 0.25}]}) == \
+        pytest.approx([(0.5 + 0.25) / 2, (0.75 + 0.4375) / 2])
+    assert chance_curve({"problems": [{"n": 2, "chance": None}]}) == []
+
+    result = build_report([str(_mc_eval(tmp_path / "zero", 5, 0))], tmp_path / "r")
+    data = json.loads(result.json.read_text())
+    table = data["sections"][0]["tables"][0]
+    chance = next(r for r in table["rows"] if r[0] == "chance (uniform guessing)")
+    assert chance[table["columns"].index("pass@1")] == pytest.approx(0.25)
+    assert chance[table["columns"].index("pass@4")] == pytest.approx(1 - 0.75 ** 4)
+    md = result.markdown.read_text()
+    assert "> **Warning:** every pass@k below is 0" in md
+    assert "> **Warning:** csqa is measured on only 5 problems" in md
+    assert "class='warning'" in result.html.read_text()
+
+    ok = build_report([str(_mc_eval(tmp_path / "fine", 25, 2))], tmp_path / "r2")
+    assert "Warning" not in ok.markdown.read_text()
+
+
+def test_analysis_warnings_name_all_zero_and_small_results():
+    from evolm.report.checks import analysis_warnings
+
+    assert "all-zero drift for es" in analysis_warnings("drift", {"models": {"es": {"distance": 0.0}, "g": {"distance": 1.0}}})[0]
+    assert analysis_warnings("drift", {"models": {"es": {"distance": 0.1}}}) == []
+    assert "all-zero update" in analysis_warnings("localisation", {"models": {"es": {"20": {"max_abs_delta": 0.0}}}})[0]
+    assert "only 8 problems" in analysis_warnings("sparsity", {"models": {"es": {"num_nonzero": 3}},
+                                                               "evaluation": {"num_examples": 8}})[0]
+    assert analysis_warnings("diversity", {"population": 0.0, "center": 0.0, "num_prompts": 40})[0].startswith("all-zero")

@@ -42,6 +42,9 @@ from evolm.tasks import TASKS
 # --------------------------------------------------------------------------------------------------
 # sections
 
+TRACKERS = ("tensorboard", "wandb")
+"""The experiment trackers ``run.report_to`` can name (``evolm.trackers``)."""
+
 
 @dataclass
 class RunConfig:
@@ -57,11 +60,33 @@ class RunConfig:
     """How many recent checkpoints to keep on disk (older ones are deleted after a new one is written)."""
     progress: bool = True
     """Show progress bars with ETA."""
+    save: Literal["all", "final", "none"] = "all"
+    """Weights kept on disk: all = checkpoints (every checkpoint_every updates) and final/; final = final/ only (a killed run resumes from the start); none = no weights (an ES run can rebuild any step from its seed log with `evolm replay`)."""
+    save_dtype: Literal["float32", "bfloat16"] = "float32"
+    """Dtype of the weights in final/: bfloat16 halves the disk; checkpoints stay float32 so a resume is exact, and `evolm eval --like` reproduces eval_after.json exactly only from float32 weights."""
+    report_to: list[str] = field(default_factory=list)
+    """Experiment trackers that receive every metrics record as it is written, with the run's name and config: tensorboard (event files in RUN_DIR/tensorboard), wandb (RUN_DIR/wandb, offline unless wandb_mode = "online"). Install them with pip install 'evolm[trackers]'."""
+    tracker_project: str = "evolm"
+    """wandb project the run is filed under."""
+    wandb_mode: Literal["offline", "online"] = "offline"
+    """wandb: offline writes RUN_DIR/wandb/offline-run-* without a network (upload later with `wandb sync`); online streams to the wandb server (needs `wandb login`)."""
 
     def validate(self, p: str) -> None:
         require(bool(self.name.strip()), f"{p}.name must not be empty")
         require(self.checkpoint_every >= 0, f"{p}.checkpoint_every must be >= 0 (got {self.checkpoint_every})")
         require(self.keep_checkpoints >= 1, f"{p}.keep_checkpoints must be >= 1 (got {self.keep_checkpoints})")
+        bad = [t for t in self.report_to if t not in TRACKERS]
+        if bad:
+            close = difflib.get_close_matches(bad[0], TRACKERS, n=1)
+            raise ConfigError(f"{p}.report_to: unknown tracker '{bad[0]}'" + (f" (did you mean '{close[0]}'?)" if close else "")
+                              + f"; choose from {', '.join(TRACKERS)}")
+        require(len(set(self.report_to)) == len(self.report_to), f"{p}.report_to names a tracker twice ({self.report_to})")
+        require(bool(self.tracker_project.strip()), f"{p}.tracker_project must not be empty")
+
+    @property
+    def checkpoints(self) -> bool:
+        """Whether the training loop writes checkpoints (``save = "all"`` and ``checkpoint_every > 0``)."""
+        return self.save == "all" and self.checkpoint_every > 0
 
 
 @dataclass

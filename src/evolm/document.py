@@ -4,7 +4,8 @@ on, and the two renderers (Markdown and self-contained HTML).
 Design decisions:
 
 - A report is a list of sections holding blocks: a paragraph (``str``, with ``**bold**`` and
-  `` `code` ``), a ``Table`` or a ``Figure``. It is built once and rendered twice, so the Markdown and
+  `` `code` ``), an ``Alert`` (a warning: a quoted "**Warning:**" line in Markdown, a red-bordered
+  box in HTML), a ``Table`` or a ``Figure``. It is built once and rendered twice, so the Markdown and
   the HTML can never disagree.
 - Markdown tables go through ``evolm.markdown.table``, the one table writer (cells formatted by
   ``evolm.markdown.fmt``); HTML cells use the same ``fmt``.
@@ -26,9 +27,12 @@ from typing import Any
 
 from evolm.markdown import fmt, table
 
-COLORS = ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:gray",
-          "tab:olive", "tab:cyan"]
-"""The series colours, in order, of every multi-series report figure."""
+COLORS = ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:olive",
+          "tab:cyan", "tab:gray"]
+"""The series colours, in order, of every multi-series report figure (a report gives each run one of them
+and uses it in every figure)."""
+BASE_COLOR = "black"
+"""The colour of a base model's curve shared by every run (dashed)."""
 
 
 @dataclass
@@ -43,6 +47,13 @@ class Figure:
     name: str
     title: str
     caption: str = ""
+
+
+@dataclass
+class Alert:
+    """A warning shown above a section's numbers (an all-zero analysis, too few problems)."""
+
+    text: str
 
 
 @dataclass
@@ -102,6 +113,8 @@ def render_markdown(title: str, sections: list[Section], files: list[str], note:
         for b in sec.blocks:
             if isinstance(b, str):
                 lines += [b, ""]
+            elif isinstance(b, Alert):
+                lines += [f"> **Warning:** {b.text}", ""]
             elif isinstance(b, Figure):
                 alt = b.title.replace("[", "(").replace("]", ")")
                 lines += [f"![{alt}](figures/{b.name}.png)", ""]
@@ -126,7 +139,7 @@ h1{border-bottom:2px solid #ccc}h2{margin-top:2em;border-bottom:1px solid #ddd}
 table{border-collapse:collapse;margin:0.6em 0 1.4em;font-size:0.85em}th,td{border:1px solid #ccc;padding:3px 7px;text-align:right}
 th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}figure{margin:1em 0}img{max-width:100%}
 figcaption,.caption{color:#555;font-size:0.85em}code{background:#f4f4f4;padding:0 3px}
-.tablewrap{overflow-x:auto}"""
+.tablewrap{overflow-x:auto}.warning{border:2px solid #c0392b;background:#fdecea;padding:0.5em 0.8em;border-radius:4px}"""
 
 
 def render_html(title: str, sections: list[Section], files: list[str], note: str, figure_dir: Path) -> str:
@@ -139,6 +152,8 @@ def render_html(title: str, sections: list[Section], files: list[str], note: str
         for b in sec.blocks:
             if isinstance(b, str):
                 out.append(f"<p>{_inline_html(b)}</p>")
+            elif isinstance(b, Alert):
+                out.append(f"<p class='warning'><strong>Warning:</strong> {_inline_html(b.text)}</p>")
             elif isinstance(b, Figure):
                 data = base64.b64encode((figure_dir / f"{b.name}.png").read_bytes()).decode()
                 cap = html.escape(b.title + (f" ({b.caption})" if b.caption else ""))

@@ -32,6 +32,8 @@ Design decisions:
 - Outputs of ``evaluate_model``: ``eval.json`` (settings, per-task summary, per-problem n, c,
   answers, correctness, entropy, tokens), ``eval.md`` (a Markdown table) and ``passk.png`` (pass@k
   against k, matplotlib Agg). Problem texts are never written (GPQA must not be redistributed).
+  Each invocation writes a new directory (``default_out_dir``: ``RUN_DIR/eval/<time>-<tasks>/`` for a
+  run directory); an existing ``eval.json`` is never overwritten.
 """
 
 from __future__ import annotations
@@ -334,13 +336,35 @@ def _model_name(spec: str) -> str:
     return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name) or "model"
 
 
-def default_out_dir(spec: str | None) -> Path:
-    """``RUN_DIR/eval`` for an evolm run directory, else ``runs/eval-<model name>-<time>``."""
-    if spec:
-        path = Path(spec).expanduser()
-        if path.is_dir() and (path / "final").is_dir():
-            return path / "eval"
-    return Path("runs") / f"eval-{_model_name(spec or 'model')}-{time.strftime('%Y%m%d-%H%M%S')}"
+def _run_dir(spec: str | None) -> Path | None:
+    """``spec`` as an evolm run directory (``run.json`` + ``config.toml``, or ``final/``), or None."""
+    path = Path(spec).expanduser() if spec else None
+    if path is None or not path.is_dir():
+        return None
+    return path if (path / "run.json").exists() and (path / "config.toml").exists() or (path / "final").is_dir() else None
+
+
+def default_out_dir(spec: str | None, tasks: Sequence[str] = (), like: str | None = None) -> Path:
+    """A new directory for one ``evolm eval`` invocation, never an existing one: under ``RUN_DIR/eval/``
+    when the model (or ``like``) is an evolm run directory, else under ``runs/``; named by time and
+    what was measured (``20261130-120000-csqa+gsm8k``, ``...-like``), with ``-2``, ``-3`` ... on a clash."""
+    run = _run_dir(like) or _run_dir(spec)
+    what = "like" + (f"-{_model_name(spec)}" if like and spec else "") if like else "+".join(tasks) or "eval"
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    parent, name = (run / "eval", f"{stamp}-{what}") if run else (Path("runs"), f"eval-{_model_name(spec or 'model')}-{stamp}")
+    out, i = parent / name, 2
+    while out.exists():
+        out, i = parent / f"{name}-{i}", i + 1
+    return out
+
+
+def check_out_dir(out: str | Path) -> Path:
+    """An ``--out`` directory that holds no evaluation yet (an evaluation is never overwritten)."""
+    out = Path(out)
+    if (out / "eval.json").exists():
+        raise UserError(f"{out} already holds an evaluation (eval.json); choose another --out, or leave --out out "
+                        "for a new directory per invocation")
+    return out
 
 
 def evaluate_model(spec_or_model: Any, tasks: Sequence[Any], *, tokenizer=None, n: int = 32, ks: Sequence[int] = (1, 16, 32),

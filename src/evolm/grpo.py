@@ -24,7 +24,9 @@ Design decisions:
   generation backend does and returns ``task.reward(text, example)``: the pure Task reward ES uses.
 - The model is loaded by ``evolm.models.load`` and handed to TRL as an object (with the tokenizer as
   ``processing_class``), so every model spec works offline. TRL's own saving, logging integrations,
-  progress printing and vLLM are off; evolm writes the run directory from a ``TrainerCallback``.
+  progress printing and vLLM are off; evolm writes the run directory from a ``TrainerCallback``, and
+  its records (which carry TRL's loss, KL, gradient norm, ...) reach the experiment trackers of
+  ``run.report_to`` from there, so nothing is logged twice.
 - Cost accounting per update (same field names as ES records): ``seconds`` (generation + loss +
   optimizer step; probes and checkpoint writes excluded), ``seconds_total``, ``gen_sequences``,
   ``gen_tokens`` (completion tokens up to and including end-of-sequence), their running totals, and
@@ -393,7 +395,7 @@ def _make_callback(trainer_ref: dict, run: RunDir, cfg: GRPOJob, meter: RolloutM
             run.log_metrics(record)
             if probe is not None and cfg.probe.every and step % cfg.probe.every == 0:
                 run.log_metrics(probe_record(probe, model, step, METHOD))
-            if cfg.run.checkpoint_every and step % cfg.run.checkpoint_every == 0:
+            if cfg.run.checkpoints and step % cfg.run.checkpoint_every == 0:
                 trainer = trainer_ref["trainer"]
 
                 def write_trainer_files(tmp: Path) -> None:

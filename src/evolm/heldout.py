@@ -11,6 +11,9 @@ a run directory and numbers from the CLI are measured identically. ES and GRPO s
   as the paper probes GPQA while training on GSM8K) -> token entropy, pass@1, pass@k. Logged as
   ``kind="probe"`` records; ``plots/probe.png`` draws them.
 
+``evolm eval --like RUN_DIR`` measures a model with a run's own ``[eval]`` settings (``like_config``,
+``evaluate_like``) through the same ``measure_heldout``, so it reproduces ``eval_after.json`` exactly.
+
 Design decisions: the held-out problems and the sampling seed are fixed for the whole run (derived
 from ``run.seed``: the evaluation's key root is ``run.seed``, the probe's ``seed31(run.seed, "probe")``), so every before/after/probe point is measured on the same problems with the same
 random stream, and differences come from the weights alone. No generation cache is used: weights
@@ -30,8 +33,12 @@ from typing import Callable, Iterator
 import numpy as np
 import torch
 
+from evolm import models
+from evolm.backends import make_generator
 from evolm.backends.base import SamplingParams
+from evolm.config import ESJob, from_dict
 from evolm.evaluate import evaluate_task
+from evolm.runs import RunDir
 from evolm.seeding import seed31
 from evolm.tasks import heldout_reward, make_task
 
@@ -68,29 +75,99 @@ def _task_for(name: str, params: dict, train_task, reward: str):
     return make_task(name, heldout_reward(name, reward), None, **params)
 
 
+def heldout_examples(task, seed: int, count: int) -> list:
+    """The ``count`` held-out (test) problems of ``task`` that a run with root seed ``seed`` measures."""
+    return task.examples("test", count, seed=seed31(seed, "heldout", task.name))
+
+
 def _measure(generator, task, tokenizer, seed: int, count: int, n: int, ks, temperature: float, top_p: float,
              max_new_tokens: int, greedy: bool, progress: bool) -> dict:
-    examples = task.examples("test", count, seed=seed31(seed, "heldout", task.name))
+    examples = heldout_examples(task, seed, count)
     sampling = SamplingParams(n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
                               seed=seed31(seed, "heldout-sampling"), return_entropy=True)
     result = evaluate_task(generator, task, tokenizer, examples, sampling, ks=ks, greedy=greedy, progress=progress)
     return result.to_dict(problems=True)
 
 
+def heldout_task(cfg, train_task=None):
+    """The task ``[eval]`` measures: ``eval.task`` with ``eval.params`` (its held-out reward), or the
+    training task (``train_task``, built from ``[task]`` when not given)."""
+    if train_task is None:
+        t = cfg.task
+        train_task = make_task(t.name, t.reward, t.system_prompt, **t.params)
+    return _task_for(cfg.eval.task, cfg.eval.params, train_task, cfg.task.reward)
+
+
+def measure_heldout(cfg, generator, tokenizer, task, progress: bool = True) -> dict:
+    """The ``[eval]`` measurement of the generator's current weights on ``task`` (``heldout_task``):
+    ``eval.count`` test problems and the sampling seed derived from ``run.seed``, greedy plus
+    ``eval.n_samples`` samples. The one function behind ``eval_<label>.json`` and ``evolm eval --like``."""
+    ev = cfg.eval
+    max_new = ev.max_new_tokens or cfg.generation.max_new_tokens
+    return _measure(generator, task, tokenizer, cfg.run.seed, ev.count, ev.n_samples, ev.k, ev.temperature,
+                    ev.top_p, max_new, greedy=True, progress=progress)
+
+
 def heldout_eval(cfg, model, tokenizer, generator, train_task, run, label: str, step: int, say=print) -> dict:
     """Evaluate the current weights on the held-out set; write ``eval_<label>.json``; return the summary."""
     ev = cfg.eval
-    task = _task_for(ev.task, ev.params, train_task, cfg.task.reward)
-    max_new = ev.max_new_tokens or cfg.generation.max_new_tokens
+    task = heldout_task(cfg, train_task)
     say(f"[evolm] held-out evaluation ({label}): {task.name}, {ev.count} problems, greedy + {ev.n_samples} samples at T={ev.temperature}")
     with isolated(model):
-        report = _measure(generator, task, tokenizer, cfg.run.seed, ev.count, ev.n_samples, ev.k, ev.temperature,
-                          ev.top_p, max_new, greedy=True, progress=cfg.run.progress)
+        report = measure_heldout(cfg, generator, tokenizer, task, progress=cfg.run.progress)
     report.update(label=label, step=step)
     run.write_json(f"eval_{label}.json", report)
     summary = report["summary"]
     run.log_metrics({"step": step, "kind": "eval", "label": label, "task": task.name, **summary})
     return summary
+
+
+HELDOUT_SECTIONS = ("model", "task", "generation", "eval")
+"""The config sections (besides ``run.seed``) a run's held-out evaluation depends on."""
+
+
+def like_config(run_config: dict):
+    """The held-out settings of a run, from its ``config.toml`` (as a dict, any job kind): a validated
+    ``ESJob`` holding the run's ``[model] [task] [generation] [eval]`` sections and ``run.seed``."""
+    data = {k: run_config[k] for k in HELDOUT_SECTIONS if isinstance(run_config.get(k), dict)}
+    data["run"] = {"seed": int(run_config.get("run", {}).get("seed", 0))}
+    return from_dict(ESJob, data)
+
+
+def evaluate_like(run_path, model_spec: str | None = None, *, dtype: str | None = None, device: str | None = None,
+                  threads: int | None = None, progress: bool = True) -> dict:
+    """Measure a model exactly as the run at ``run_path`` measured its ``eval_after.json``: the same task,
+    problems, samples, k, temperature, top-p, completion length, seed derivation, generation backend,
+    batch size and prefix cache (``like_config`` + ``measure_heldout``), no generation cache.
+
+    ``model_spec`` defaults to the run directory (its ``final/``); ``dtype`` and ``device`` to the run's.
+    Returns an ``eval.json`` report (``evaluate.write_outputs`` writes it) whose one task entry has the
+    same ``summary`` as the run's ``eval_after.json`` when the weights are the run's final weights.
+    """
+    run = RunDir.open(run_path)
+    cfg = like_config(run.config())
+    task = heldout_task(cfg)
+    spec = model_spec or str(run.path)
+    model, tokenizer = models.load(spec, dtype=dtype or cfg.model.dtype, threads=threads or cfg.model.threads,
+                                   device=device or cfg.model.device)
+    generator = make_generator(cfg.generation.backend, model, tokenizer, cfg.generation.batch_size,
+                               cfg.generation.prefix_cache)
+    with isolated(model):
+        result = measure_heldout(cfg, generator, tokenizer, task, progress=progress)
+    ev = cfg.eval
+    return {
+        "model": {"spec": spec, "fingerprint": models.fingerprint(model), "dtype": dtype or cfg.model.dtype,
+                  "device": device or cfg.model.device},
+        "settings": {"like": str(run.path), "n": ev.n_samples, "ks": result["ks"], "temperature": ev.temperature,
+                     "top_p": ev.top_p, "max_new_tokens": ev.max_new_tokens or cfg.generation.max_new_tokens,
+                     "limit": ev.count, "split": "test", "seed": cfg.run.seed,
+                     "seed_derivation": "the run's held-out evaluation: problems seed31(run.seed, 'heldout', task), "
+                                        "sampling seed31(run.seed, 'heldout-sampling')",
+                     "greedy": True, "batch_size": cfg.generation.batch_size,
+                     "prefix_cache": cfg.generation.prefix_cache, "backend": cfg.generation.backend},
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "tasks": {task.name: result},
+    }
 
 
 def make_probe(cfg, tokenizer, generator, train_task) -> Callable[[object, int], dict] | None:

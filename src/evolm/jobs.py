@@ -21,8 +21,17 @@ Design decisions:
 - ``marking_failures`` records how a run stopped: ``interrupted`` (Ctrl-C, SIGTERM as SystemExit) or
   ``failed`` with the error, and the last step logged, so ``run.json`` never says ``running`` for a
   run that is not.
+- ``tracking`` opens the experiment trackers of ``run.report_to`` (``evolm.trackers``) as a listener of
+  the run directory, so every record ``log_metrics`` writes reaches them, and closes them with the
+  run's outcome. A job prints its run directory as soon as it exists (its first line), so a killed
+  run can be resumed from what the terminal shows.
+- What ``final/`` holds follows ``run.save`` (all, final: ``final/`` in ``run.save_dtype``; none: no
+  weights, ``run.json`` says ``weights = "none"``); checkpoints are the method loop's business
+  (``run.checkpoints``).
 - Components may be injected (tests, pipelines hand over the model in memory); otherwise they are
   built from the config.
+- ``replay_run`` rebuilds an ES run's weights at any logged update from its base model and seed log
+  (``es.engine.replay``), so ``run.save = "none"`` keeps nothing a user cannot get back.
 """
 
 from __future__ import annotations
@@ -35,7 +44,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from evolm import config as config_mod
-from evolm import grpo, models
+from evolm import grpo, models, trackers
 from evolm.backends import make_generator
 from evolm.backends.base import Generator
 from evolm.console import Say, say_for
@@ -43,7 +52,7 @@ from evolm.errors import UserError
 from evolm.es import engine as es_engine
 from evolm.heldout import heldout_eval, make_probe, probe_record
 from evolm.plots import plot_training
-from evolm.runs import RunDir, TrainResult, atomic_write_text, peak_rss_mb
+from evolm.runs import RunDir, TrainResult, atomic_write_text, peak_rss_mb, save_model_dir
 from evolm.tasks import make_task
 from evolm.tasks.base import Task
 
@@ -95,6 +104,7 @@ def check_kind(run: RunDir, kind: str) -> None:
 def open_run(cfg, kind: str, *, resume: RunDir | str | Path | None = None, run_dir: str | Path | None = None,
              info: dict | None = None) -> tuple[RunDir, Start]:
     """Create the run directory (``run_dir``, default ``run.out_dir / run.name``) or reopen ``resume``."""
+    trackers.check(cfg.run.report_to)  # a missing tracker package fails before any file changes
     if resume is not None:
         run = resume if isinstance(resume, RunDir) else RunDir.open(resume)
         check_kind(run, kind)
@@ -126,6 +136,33 @@ def marking_failures(run: RunDir) -> Iterator[None]:
         raise
 
 
+@contextlib.contextmanager
+def tracking(cfg, run: RunDir, kind: str, start: Start | None = None, *, once: bool = False) -> Iterator[trackers.Trackers]:
+    """Open the trackers of ``run.report_to`` for ``run`` (a listener of its ``log_metrics``) and close
+    them with the run's outcome. ``start``: where a resumed run continues (TensorBoard purges later
+    events); ``once``: send each record once (a pipeline re-hands its whole rebuilt stream)."""
+    info = run.info()
+    resumed = "trackers" in info
+    opened = trackers.open_trackers(
+        cfg.run.report_to, run.path, kind=kind, config=config_mod.to_dict(cfg), config_toml=config_mod.to_toml(cfg),
+        project=cfg.run.tracker_project, wandb_mode=cfg.run.wandb_mode, previous=info.get("trackers"),
+        resume_step=start.step if resumed and start is not None else None, once=once,
+        sent=[trackers.record_key(r) for r in run.metrics()] if once else ())
+    if opened:
+        run.update_info(trackers=opened.info())
+    run.listeners.append(opened)
+    status = "failed"
+    try:
+        yield opened
+        status = "finished"
+    except (KeyboardInterrupt, SystemExit):
+        status = "interrupted"
+        raise
+    finally:
+        run.listeners.remove(opened)
+        opened.close(status)
+
+
 def start_measurements(cfg, comps: Components, run: RunDir, start: Start, method: str, *, probe: Callable | None = None,
                        eval_before: dict | None = None, say: Say = print) -> Callable | None:
     """The held-out evaluation before training and the step-0 probe (each once); returns the probe."""
@@ -149,14 +186,24 @@ def finish_run(cfg, comps: Components, run: RunDir, method: str, result: TrainRe
     """Final probe (unless logged), ``final/``, the evaluation after training, plots, status finished."""
     if probe is not None and result.steps not in {r["step"] for r in run.probes()}:
         run.log_metrics(probe_record(probe, comps.model, result.steps, method))
-    run.save_final(result.final_model, comps.tokenizer, {"step": result.steps, "method": method, **result.totals,
-                                                         **(state or {})})
+    if cfg.run.save != "none":
+        run.save_final(result.final_model, comps.tokenizer, {"step": result.steps, "method": method, **result.totals,
+                                                             **(state or {})}, dtype=cfg.run.save_dtype)
     if cfg.eval.before_after:
         heldout_eval(cfg, comps.model, comps.tokenizer, comps.generator, comps.task, run, label="after",
                      step=result.steps, say=say)
     plot_training(run)
-    run.finish(steps=result.steps, peak_rss_mb=peak_rss_mb(), **result.totals)
-    say(f"[evolm] done: {run.path} (final weights in {run.path / 'final'})")
+    run.finish(steps=result.steps, peak_rss_mb=peak_rss_mb(), weights=cfg.run.save, **result.totals)
+    say(f"[evolm] done: {run.path} " + done_note(run, cfg.run.save, method))
+
+
+def done_note(run: RunDir, save: str, method: str) -> str:
+    """Where the run's final weights are (or how to rebuild them)."""
+    if save != "none":
+        return f"(final weights in {run.path / 'final'})"
+    if method == es_engine.METHOD:
+        return f"(run.save = none: no weights saved; rebuild them with `evolm replay {run.path} --step N`)"
+    return "(run.save = none: no weights saved)"
 
 
 # -- the jobs ---------------------------------------------------------------------------------------
@@ -181,7 +228,8 @@ def run_es(cfg, resume=None, *, model=None, tokenizer=None, task: Task | None = 
     # refuses a selection that matches nothing, or a config that is not the resumed run's, before any file changes
     params = es_engine.build_paramset(comps.model, cfg, header)
     run, start = open_run(cfg, es_engine.METHOD, resume=resume, run_dir=run_dir)
-    with marking_failures(run):
+    say(f"[evolm] run directory: {run.path}")
+    with marking_failures(run), tracking(cfg, run, es_engine.METHOD, start):
         probe = start_measurements(cfg, comps, run, start, es_engine.METHOD, probe=probe, eval_before=eval_before, say=say)
         result = es_engine.train(cfg, comps, run, start, params, probe=probe, callbacks=callbacks, say=say, quiet=quiet)
         finish_run(cfg, comps, run, es_engine.METHOD, result, probe=probe, say=say)
@@ -212,9 +260,47 @@ def run_grpo(cfg, resume=None, *, model=None, tokenizer=None, task: Task | None 
     examples = grpo.training_examples(cfg, comps.task)
     run, start = open_run(cfg, grpo.METHOD, resume=resume, run_dir=run_dir)
     grpo.check_resumable(start)
-    with marking_failures(run):
+    say(f"[evolm] run directory: {run.path}")
+    with marking_failures(run), tracking(cfg, run, grpo.METHOD, start):
         probe = start_measurements(cfg, comps, run, start, grpo.METHOD, probe=probe, eval_before=eval_before, say=say)
         result = grpo.train(cfg, comps, run, start, examples, probe=probe, callbacks=callbacks or [],
                             fresh_start=model is not None or init_state_dict is not None, quiet=quiet)
         finish_run(cfg, comps, run, grpo.METHOD, result, probe=probe, say=say)
     return run
+
+
+# -- rebuilding an ES run's weights -------------------------------------------------------------------
+
+def replay_run(run_dir, step: int | None = None, out=None, *, device: str | None = None, say: Say = print) -> Path:
+    """Write the model an ES run had after ``step`` updates (default: its last logged update) to ``out``
+    (default ``RUN_DIR/replay/step_NNNNNN``): the run's base model (``model.spec`` loaded as the run
+    loaded it) plus the logged updates 1..step of ``seed_log.jsonl``, saved in float32 (the masters) as
+    a Hugging Face directory, bit-identical to the run's checkpoint or ``final/`` of that step."""
+    run = RunDir.open(run_dir)
+    info = run.info()
+    if info.get("kind") != es_engine.METHOD:
+        raise UserError(f"{run.path} is a '{info.get('kind')}' run; only ES runs can be rebuilt from their seed log "
+                        "(a GRPO run's weights are its checkpoints and final/)")
+    if int(info.get("stage") or 0) > 0:
+        raise UserError(f"{run.path} is stage {info['stage']} of the pipeline {info.get('pipeline')}: it started from the "
+                        "previous stage's weights, not from model.spec; rebuild those first (or use its final/)")
+    cfg = config_mod.load(config_mod.ESJob, run.config_path)
+    log = run.seed_log()
+    header = es_engine.seed_log_header(log)
+    updates = [r for r in log if r.get("kind") != "header" and "step" in r]
+    if header is None:
+        raise UserError(f"{run.path} has no seed-log header (seed_log.jsonl); it cannot be replayed")
+    last = max((int(r["step"]) for r in updates), default=0)
+    step = last if step is None else int(step)
+    if not 0 <= step <= last:
+        raise UserError(f"--step {step} is outside the run's logged updates 0..{last} (seed_log.jsonl)")
+    out = Path(out) if out else run.path / "replay" / f"step_{step:06d}"
+    torch.set_num_threads(cfg.model.threads)
+    say(f"[evolm] replaying {run.path}: {cfg.model.spec} + updates 1..{step} of the seed log -> {out}")
+    model, tokenizer = models.load(cfg.model.spec, dtype=cfg.model.dtype, threads=cfg.model.threads,
+                                   device=device or cfg.model.device)
+    params = es_engine.replay(model, [header] + [r for r in updates if int(r["step"]) <= step], cfg)
+    final = es_engine.float32_model(model, params)
+    save_model_dir(out, final, tokenizer, extra={"state.json": {"step": step, "method": es_engine.METHOD,
+                                                                  "replayed_from": str(run.path)}})
+    return out

@@ -115,6 +115,9 @@ def resolve(spec: str) -> ResolvedSpec:
             return ResolvedSpec("hf_dir", str(path / "final"), spec)
         if (path / "config.json").exists():
             return ResolvedSpec("hf_dir", str(path), spec)
+        if (path / "run.json").exists() and (path / "config.toml").exists():
+            raise UserError(f"{spec} is an evolm run directory without final/ weights (run.save = 'none', or the run has "
+                            f"not finished); an ES run's weights at any update can be rebuilt with `evolm replay {spec} --step N`")
         raise UserError(f"{spec} is a directory without config.json or final/; point at a Hugging Face model directory or an evolm run directory")
     if path.suffix == ".gguf":
         if not path.exists():

@@ -37,7 +37,13 @@ Design decisions:
   its own resume path (``run_es(resume=...)`` / ``run_grpo(resume=...)``). The plan may grow on
   resume (a larger budget) but may not rewrite stages that have finished.
 - The run around the stages is the shared lifecycle (``evolm/jobs.py``): components, run directory,
-  failure marking; the pipeline adds only its plan, the hand-over and the combined stream.
+  failure marking, experiment trackers; the pipeline adds only its plan, the hand-over and the
+  combined stream.
+- Trackers (``run.report_to``) follow the pipeline as one run on the global update axis: stages open
+  none, and every rebuild of the combined stream hands its records to the pipeline's trackers, which
+  send each record once.
+- ``run.save`` applies to the stages and to ``final/``, except ``none``, which a pipeline refuses: a
+  resumed pipeline loads the last finished stage's ``final/``.
 """
 
 from __future__ import annotations
@@ -106,6 +112,9 @@ class PipelineJob:
     pipeline: PipelineSection = field(default_factory=PipelineSection)
 
     def validate_job(self) -> None:
+        require(self.run.save != "none",
+                "run.save = 'none' is not available for pipelines: a resumed pipeline starts from the last finished "
+                "stage's final/ weights; use 'final' (no checkpoints) instead")
         require(self.model.dtype == "float32",
                 f"model.dtype must be float32 in a pipeline (got {self.model.dtype}): stages hand the weights over in "
                  "memory, and ES keeps float32 masters apart from a lower-precision model")
@@ -244,7 +253,7 @@ def stage_config(cfg: PipelineJob, stage: Stage, stages_dir: str | Path):
     """The ``ESJob`` or ``GRPOJob`` of one stage: the pipeline's sections with the stage's budget,
     seed and directory; held-out evaluation off (the pipeline does it once)."""
     run = dataclasses.replace(copy.deepcopy(cfg.run), name=stage.name, out_dir=str(stages_dir),
-                              seed=stage_seed(cfg.run.seed, stage.index))
+                              seed=stage_seed(cfg.run.seed, stage.index), report_to=[], save_dtype="float32")
     common = dict(run=run, model=copy.deepcopy(cfg.model), task=copy.deepcopy(cfg.task),
                   generation=copy.deepcopy(cfg.generation), eval=dataclasses.replace(cfg.eval, before_after=False),
                   probe=copy.deepcopy(cfg.probe))
@@ -302,8 +311,13 @@ def combined_records(run_path: str | Path, plan: Sequence[Stage]) -> list[dict]:
 
 
 def write_combined(run, plan: Sequence[Stage]) -> None:
-    """Rewrite ``<run>/metrics.jsonl`` from the stage directories (atomic)."""
-    atomic_write_jsonl(run.metrics_path, combined_records(run.path, plan))
+    """Rewrite ``<run>/metrics.jsonl`` from the stage directories (atomic) and hand every record to the
+    run's listeners (its trackers, which send each record once)."""
+    records = combined_records(run.path, plan)
+    atomic_write_jsonl(run.metrics_path, records)
+    for listener in run.listeners:
+        for record in records:
+            listener(record)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -395,13 +409,14 @@ def run_pipeline(cfg: PipelineJob, resume=None, *, model=None, tokenizer=None, t
             return resume
     run, _ = jobs.open_run(cfg, KIND, resume=resume, run_dir=run_dir, info={"plan": _plan_dicts(plan)})
     run.update_info(plan=_plan_dicts(plan))
+    say(f"[evolm] run directory: {run.path}")
     say(f"[evolm] pipeline {run.path}: " + ", ".join(f"{s.method} x {s.updates}" for s in plan)
         + f" ({p.budget} updates)")
     if probe is None:
         probe = make_probe(cfg, comps.tokenizer, comps.generator, comps.task)
     stage_probe = StageProbe(probe) if probe is not None else None
 
-    with jobs.marking_failures(run):
+    with jobs.marking_failures(run), jobs.tracking(cfg, run, KIND, once=True):
         first_state = RunDir(run.path / "stages" / plan[0].name).state()
         if cfg.eval.before_after and not (run.path / "eval_before.json").exists():
             if first_state != "absent":
@@ -419,13 +434,14 @@ def run_pipeline(cfg: PipelineJob, resume=None, *, model=None, tokenizer=None, t
         for r in combined_records(run.path, plan):
             if r.get("kind") == "train":
                 totals = {k: r[k] for k in totals}
-        run.save_final(comps.model, comps.tokenizer, {"step": p.budget, "method": KIND, "plan": _plan_dicts(plan), **totals})
+        run.save_final(comps.model, comps.tokenizer, {"step": p.budget, "method": KIND, "plan": _plan_dicts(plan), **totals},
+                       dtype=cfg.run.save_dtype)
         if cfg.eval.before_after and not (run.path / "eval_after.json").exists():
             heldout_eval(cfg, comps.model, comps.tokenizer, comps.generator, comps.task, _NoLog(run), label="after",
                          step=p.budget, say=say)
         write_combined(run, plan)
         plot_training(run)
-        run.finish(steps=p.budget, peak_rss_mb=peak_rss_mb(), **totals)
+        run.finish(steps=p.budget, peak_rss_mb=peak_rss_mb(), weights=cfg.run.save, **totals)
     say(f"[evolm] pipeline done: {run.path} (final weights in {run.path / 'final'})")
     return run
 

@@ -19,7 +19,13 @@ Design decisions:
 - Appends to JSONL files are flushed and fsynced per record. On resume, records newer than the
   checkpoint are dropped (``truncate_after``) so the resumed stream has no duplicates.
 - Weights are saved with ``save_pretrained`` (safetensors, tied weights handled, Hugging Face names),
-  never in a backend's internal (e.g. fused vLLM) naming.
+  never in a backend's internal (e.g. fused vLLM) naming; ``final/`` optionally in bfloat16
+  (``run.save_dtype``). Every file and directory a run writes gets the usual permissions under the
+  umask (0644 / 0755 under umask 022), although ``mkstemp``/``mkdtemp`` and safetensors create them
+  private, so a colleague can read the models.
+- ``run.save``: ``all`` (checkpoints + ``final/``), ``final`` or ``none``; a run that saved no weights
+  says so in ``run.json`` (``weights = "none"``) and counts as finished without ``final/``.
+- ``listeners`` receive every record ``log_metrics`` appends (``evolm.trackers``), after it is on disk.
 - One read side for every consumer (report, sweep, pipeline, plots, demo): ``RunDir.state()``
   (absent / started / finished), ``train_records()`` and ``probes()`` (one record per step, the last
   one logged winning; a record without ``kind`` is a training record), ``evaluation(label)``
@@ -128,6 +134,8 @@ class RunDir:
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
+        self.listeners: list[Callable[[dict], None]] = []
+        """Called with every record ``log_metrics`` appends, after it is on disk (experiment trackers)."""
 
     # -- creation ----------------------------------------------------------------------------------
     @classmethod
@@ -173,6 +181,8 @@ class RunDir:
 
     def log_metrics(self, record: dict) -> None:
         append_jsonl(self.metrics_path, record)
+        for listener in self.listeners:
+            listener(record)
 
     def log_seed(self, record: dict) -> None:
         append_jsonl(self.seed_log_path, record)
@@ -186,14 +196,16 @@ class RunDir:
     # -- reading -----------------------------------------------------------------------------------
     def state(self) -> str:
         """``absent`` (no ``run.json`` or ``config.toml``: nothing to resume), ``finished`` (``run.json``
-        says finished and ``final/`` is complete) or ``started`` (anything in between: resumable)."""
+        says finished and ``final/`` is complete, or the run saved no weights: ``weights = "none"``) or
+        ``started`` (anything in between: resumable)."""
         if not self.config_path.exists() or not (self.path / "run.json").exists():
             return "absent"
         try:
-            status = self.info().get("status")
+            info = self.info()
         except ValueError:  # a torn run.json cannot happen (atomic writes) but must not crash a sweep
             return "started"
-        return "finished" if status == "finished" and (self.path / "final" / "config.json").exists() else "started"
+        weights = (self.path / "final" / "config.json").exists() or info.get("weights") == "none"
+        return "finished" if info.get("status") == "finished" and weights else "started"
 
     def config(self) -> dict:
         """The resolved config as a dict (``config.toml``)."""
@@ -270,8 +282,9 @@ class RunDir:
                 return c, json.loads((c / "state.json").read_text())
         return None
 
-    def save_final(self, model, tokenizer=None, state: dict | None = None) -> Path:
-        save_model_dir(self.path / "final", model, tokenizer, extra={"state.json": state or {}})
+    def save_final(self, model, tokenizer=None, state: dict | None = None, dtype: str = "float32") -> Path:
+        """Write ``final/`` (weights in ``dtype``: float32, or bfloat16 to halve the disk)."""
+        save_model_dir(self.path / "final", model, tokenizer, extra={"state.json": state or {}}, dtype=dtype)
         return self.path / "final"
 
     def finish(self, **fields: Any) -> None:
@@ -279,20 +292,32 @@ class RunDir:
 
 
 def save_model_dir(target: Path, model, tokenizer, extra: dict[str, Any],
-                   write_extra: Callable[[Path], None] | None = None) -> None:
+                   write_extra: Callable[[Path], None] | None = None, dtype: str | None = None) -> None:
     """Write a model directory (``save_pretrained`` safetensors in Hugging Face names, the tokenizer,
-    JSON files ``extra``, and whatever ``write_extra(tmp)`` adds) and rename it into place atomically."""
+    JSON files ``extra``, and whatever ``write_extra(tmp)`` adds) and rename it into place atomically.
+
+    ``dtype`` (``"bfloat16"`` ...): store the floating-point weights in that dtype (the model itself is
+    not changed). Files and directories get the usual permissions under the umask (``mkdtemp`` creates
+    the directory 0700, safetensors its file 0600), so a colleague can read a model."""
     quiet_transformers()
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
-        model.save_pretrained(tmp, safe_serialization=True)
+        os.chmod(tmp, 0o777 & ~_UMASK)
+        cast = _cast_state(model, dtype)
+        model.save_pretrained(tmp, safe_serialization=True, **cast)
+        if cast and (tmp / "config.json").exists():  # record the stored dtype, so dtype="auto" loads it as stored
+            cfg = json.loads((tmp / "config.json").read_text())
+            cfg["dtype"] = dtype
+            atomic_write_json(tmp / "config.json", cfg)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         for fname, obj in extra.items():
             atomic_write_json(tmp / fname, obj)
         if write_extra is not None:
             write_extra(tmp)
+        for path in tmp.rglob("*"):  # safetensors writes 0600 files: give everything the usual permissions
+            os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~_UMASK)
         if target.exists():
             old = target.with_name(f".{target.name}.old")
             shutil.rmtree(old, ignore_errors=True)
@@ -303,6 +328,20 @@ def save_model_dir(target: Path, model, tokenizer, extra: dict[str, Any],
             os.replace(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _cast_state(model, dtype: str | None) -> dict:
+    """``save_pretrained`` keyword arguments that store the floating-point weights in ``dtype``
+    (nothing when they already are)."""
+    import torch  # local: the read side of this module (reports) does not need torch
+
+    target = getattr(torch, dtype) if dtype else None
+    state = model.state_dict()
+    if target is None or all(not t.is_floating_point() or t.dtype == target for t in state.values()):
+        return {}
+    # tied aliases (lm_head.weight = embed_tokens.weight) left out, so the file has the names a plain save writes
+    aliases = {n for n, _ in model.named_parameters(remove_duplicate=False)} - {n for n, _ in model.named_parameters()}
+    return {"state_dict": {k: t.to(target) if t.is_floating_point() else t for k, t in state.items() if k not in aliases}}
 
 
 def load_weights(model, directory: Path) -> None:

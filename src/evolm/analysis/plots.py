@@ -53,14 +53,12 @@ def _save(fig, path) -> Path:
     return path
 
 
-def _grouped_bars(ax, groups: list[str], series: dict[str, list[float]], log: bool = False) -> None:
+def _grouped_bars(ax, groups: list[str], series: dict[str, list[float]]) -> None:
     x = np.arange(len(groups))
     width = 0.8 / max(len(series), 1)
     for i, (label, values) in enumerate(series.items()):
         ax.bar(x + (i - (len(series) - 1) / 2) * width, values, width, label=label)
     ax.set_xticks(x, groups, rotation=20)
-    if log:
-        ax.set_yscale("log")
     if len(series) > 1:
         ax.legend(fontsize=8)
 
@@ -73,15 +71,17 @@ def _rate_axis(ax, values) -> None:
 
 
 def plot_drift(result: dict, path) -> Path:
-    """Relative distance per category (log scale), one bar per trained model."""
+    """Relative distance per category, one bar per trained model, on a linear axis from 0 (a bar half as
+    long is half the drift; a log axis starting above 0 would make it look ten times shorter)."""
     models = result["models"]
     cats = [c for c in CATEGORIES if any(c in m["by_category"] for m in models.values())]
     series = {f"{label} (whole {m['relative_distance']:.3g})":
               [(m["by_category"].get(c) or {}).get("relative_distance") or 0.0 for c in cats] for label, m in models.items()}
     fig = _figure()
     ax = fig.add_subplot()
-    _grouped_bars(ax, cats, series, log=any(v > 0 for s in series.values() for v in s))
-    ax.set_ylabel("||θ − θ0|| / ||θ0||")
+    _grouped_bars(ax, cats, series)
+    ax.set_ylim(bottom=0)
+    ax.set_ylabel("||θ − θ0|| / ||θ0|| (linear, from 0)")
     ax.set_title("Relative parameter drift by category")
     if len(series) == 1:
         ax.legend(list(series), fontsize=8)
@@ -109,7 +109,7 @@ def plot_sparsity(result: dict, path) -> Path:
     what = "single ES update RMS" if "single-update RMS" in str(result.get("tau_scale_source", "")) else "τ scale"
     for ax in (left, right) if right is not None else (left,):
         ax.set_xscale("log")
-        ax.set_xlabel("threshold τ" + (f" (vertical line: {what} {scale:.3g})" if scale else ""))
+        ax.set_xlabel("threshold τ, log scale" + (f" (vertical line: {what} {scale:.3g})" if scale else ""))
         if scale:
             ax.axvline(scale, color="black", lw=0.8, alpha=0.5)
     left.set_ylabel("fraction of nonzero |Δ| below τ")

@@ -18,10 +18,10 @@ import argparse
 import sys
 
 from evolm import __version__
-from evolm.commands import analyze, config, demo, es, eval, grpo, pipeline, report, sweep
+from evolm.commands import analyze, config, demo, es, eval, grpo, pipeline, replay, report, sweep
 from evolm.errors import UserError
 
-VERBS = (demo, es, grpo, pipeline, eval, analyze, sweep, report, config)
+VERBS = (demo, es, grpo, pipeline, replay, eval, analyze, sweep, report, config)
 """The verb modules, in help order."""
 
 

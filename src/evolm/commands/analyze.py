@@ -195,20 +195,39 @@ def _build_evaluator(args, base_spec: str, loaded):
             raise UserError(f"--task-param expects KEY=VALUE (got '{assignment}')")
         key, value = assignment.split("=", 1)
         params[key.strip()] = config.parse_value(value.strip())
-    task = make_task(task_cfg["name"], reward=task_cfg.get("reward", "format_answer"), system_prompt=task_cfg.get("system_prompt"), **params)
-    examples = task.examples(args.split, args.limit, args.seed)
+    from evolm.heldout import heldout_examples, heldout_task, like_config  # local: imports torch (slow to import)
+
+    # default: the run's own held-out problems (what its eval_before/after.json measured; `evolm eval --like`)
+    like = (run_cfg and args.task in (None, run_cfg.get("task", {}).get("name")) and not args.task_param
+            and args.seed is None and args.limit is None and args.split is None)
+    if like:
+        held = like_config(run_cfg)
+        task = heldout_task(held)
+        examples = heldout_examples(task, held.run.seed, held.eval.count)
+        split, seed = "test", seed31(held.run.seed, "heldout-sampling")
+        max_new = args.max_new_tokens or held.eval.max_new_tokens or held.generation.max_new_tokens
+    else:
+        task = make_task(task_cfg["name"], reward=task_cfg.get("reward", "format_answer"),
+                         system_prompt=task_cfg.get("system_prompt"), **params)
+        split, seed = args.split or "test", 0 if args.seed is None else args.seed
+        examples = task.examples(split, 64 if args.limit is None else args.limit, seed)
+        max_new = args.max_new_tokens or run_cfg.get("generation", {}).get("max_new_tokens") or 32
     if not examples:
-        raise UserError(f"task '{task_cfg['name']}' has no '{args.split}' examples")
-    max_new = args.max_new_tokens or run_cfg.get("generation", {}).get("max_new_tokens") or 32
+        raise UserError(f"task '{task.name}' has no '{split}' examples")
     model, tokenizer = models.load(base_spec, dtype="float32", threads=args.threads)
     ks = args.pass_k or ([1] if args.n else [])
     evaluator = TaskEvaluator(model, tokenizer, task, examples, n=args.n, ks=ks, temperature=args.temperature,
-                              max_new_tokens=int(max_new), batch_size=args.batch_size, seed=args.seed)
+                              max_new_tokens=int(max_new), batch_size=args.batch_size, seed=seed)
     known = ["greedy_pass@1"] + [f"pass@{k}" for k in ks]
     if args.metric not in known:
         raise UserError(f"--metric {args.metric} is not measured; choose one of {known} (pass@k needs --n >= k and --pass-k k)")
-    setup = {"task": task_cfg["name"], "task_params": params, "split": args.split, "num_examples": len(examples),
-             "max_new_tokens": int(max_new), "n": args.n, "pass_k": ks, "temperature": args.temperature, "seed": args.seed}
+    setup = {"task": task.name, "task_params": dict(getattr(task, "params", {}) or {}) if like else params, "split": split,
+             "num_examples": len(examples), "max_new_tokens": int(max_new), "n": args.n, "pass_k": ks,
+             "temperature": args.temperature, "seed": seed}
+    if like:
+        setup["problems_from"] = ("the run's held-out evaluation: eval.count test problems drawn with the seed derived "
+                                  "from run.seed, as in eval_before/after.json (pass --seed, --limit or --split for others)")
+        setup["problem_ids"] = [str(e.id) for e in examples]
     return _Progress(evaluator, args.metric), setup
 
 
@@ -482,14 +501,17 @@ def _add_eval(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("re-evaluation (target task)")
     g.add_argument("--task", help="task name (default: the [task] of the first --trained run directory)")
     g.add_argument("--task-param", action="append", default=[], metavar="KEY=VALUE", help="task parameter (repeatable)")
-    g.add_argument("--split", default="test", help="example split (default: test)")
-    g.add_argument("--limit", type=int, default=64, help="number of examples (default: 64)")
+    g.add_argument("--split", default=None, help="example split (default: test)")
+    g.add_argument("--limit", type=int, default=None,
+                   help="number of examples (default: a run's held-out problems, eval.count of them; else 64)")
     g.add_argument("--n", type=int, default=0, help="samples per example for pass@k (default: 0 = greedy pass@1 only)")
     g.add_argument("--pass-k", type=int, action="append", default=[], metavar="K", help="k of pass@k, repeatable (default: 1 when --n > 0)")
     g.add_argument("--temperature", type=float, default=1.0, help="sampling temperature for pass@k (default: 1.0)")
     g.add_argument("--max-new-tokens", type=int, default=0, help="generation length (default: the run's, else 32)")
     g.add_argument("--batch-size", type=int, default=32, help="generation batch size (default: 32)")
-    g.add_argument("--seed", type=int, default=0, help="seed for the example draw and for sampling (default: 0)")
+    g.add_argument("--seed", type=int, default=None,
+                   help="seed for the example draw and for sampling (default: the --trained run's held-out problems "
+                        "and seeds, exactly the problems of its eval_before/after.json; else 0)")
     g.add_argument("--metric", default="greedy_pass@1", help="metric shown in the summary and plot (default: greedy_pass@1; e.g. pass@4)")
 
 

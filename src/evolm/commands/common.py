@@ -1,4 +1,5 @@
-"""What several verbs share: the ``--config/--set/--resume`` options and turning them into a job config."""
+"""What several verbs share: the ``--config/--set/--resume`` options, turning them into a job config, and
+the before/after table every training verb prints last."""
 
 from __future__ import annotations
 
@@ -32,10 +33,10 @@ def job_config(kind: str, args, verb: str | None = None):
     return config.load(job.config_class, args.config, args.overrides), None
 
 
-def before_after_table(before: dict, after: dict, ks) -> str:
-    """The held-out summary before and after training as an aligned text table (greedy, pass@k,
-    entropy, distinct correct answers, and the change)."""
-    rows = [("greedy accuracy", "greedy")] + [(f"pass@{k} (T=1)", f"pass@{k}") for k in ks] + [
+def before_after_table(before: dict, after: dict, ks, temperature: float = 1.0) -> str:
+    """The held-out summary before and after training as an aligned text table (greedy, pass@k at the
+    sampling ``temperature``, entropy, distinct correct answers, and the change)."""
+    rows = [("greedy accuracy", "greedy")] + [(f"pass@{k} (T={temperature:g})", f"pass@{k}") for k in ks] + [
         ("token entropy (nats)", "entropy"), ("distinct correct answers", "distinct_correct")]
     lines = [f"{'held-out metric':<26}{'before':>10}{'after':>10}{'change':>10}"]
     for label, key in rows:
@@ -44,3 +45,15 @@ def before_after_table(before: dict, after: dict, ks) -> str:
             continue
         lines.append(f"{label:<26}{b:>10.3f}{a:>10.3f}{a - b:>+10.3f}")
     return "\n".join(lines)
+
+
+def outcome(run: RunDir, ks) -> str:
+    """What a training verb prints last: the held-out before/after table (``before_after_table``), or a
+    line saying why there is none."""
+    before, after = run.evaluation("before"), run.evaluation("after")
+    if before and after:
+        head = (f"held-out evaluation ({after.get('task')}, {after.get('summary', {}).get('problems')} problems never "
+                f"trained on, the same before and after; eval_before.json / eval_after.json in {run.path}):")
+        temperature = float((after.get("sampling") or {}).get("temperature", 1.0))
+        return head + "\n" + before_after_table(before["summary"], after["summary"], ks, temperature)
+    return f"no before/after table: the run has no held-out evaluation (eval.before_after = false) in {run.path}"

@@ -2,9 +2,11 @@
 
 It runs ``evolm es`` with the packaged ``configs/demo.toml`` (SmolLM2-135M-Instruct, 2-digit addition
 with a one-shot prompt, N=8, sigma=1e-3, lr=5e-4, 12 updates of 32 prompts each; about 8.5 minutes on
-one thread of an otherwise idle 2-core CPU, about twice that when another job shares the cores), then
-prints held-out greedy accuracy and pass@k (unbiased estimator, k <= 8) before and after, and where
-the run directory is.
+one thread of an otherwise idle 2-core CPU, about twice that when another job shares the cores). It
+prints the run directory first, then held-out greedy accuracy and pass@k (unbiased estimator, k <= 8)
+before and after, and last what the numbers mean: the table is measured on held-out problems, the same
+before and after; the training reward is each update's own minibatch (a different one every update),
+so its first and last values are labelled as such, not shown as a gain.
 
 What to expect: the demo shows the machinery end to end (perturb, score, restore bit-exactly, update,
 evaluate, checkpoint), not a large gain. Twelve updates move the 135M model little; on 32 held-out
@@ -18,7 +20,7 @@ import tomllib
 from importlib import resources
 
 from evolm import config
-from evolm.commands.common import before_after_table
+from evolm.commands.common import outcome
 from evolm.runs import RunDir
 
 
@@ -47,13 +49,31 @@ def run(args) -> int:
         resume = None
         cfg = config.from_dict(config.ESJob, tomllib.loads(demo_config_text()), args.overrides)
     run = run_es(cfg, resume=resume)
-    before, after = run.evaluation("before"), run.evaluation("after")
     print()
     print(f"ES on {cfg.model.spec}, task {cfg.task.name}: {cfg.es.iterations} updates, population {cfg.es.population}")
-    if before and after:
-        print(before_after_table(before["summary"], after["summary"], cfg.eval.k))
-    train = run.train_records()
-    if train and train[0].get("reward_mean") is not None and train[-1].get("reward_mean") is not None:
-        print(f"training reward (population mean): {train[0]['reward_mean']:.3f} -> {train[-1]['reward_mean']:.3f}")
-    print(f"run directory: {run.path}  (metrics.jsonl, seed_log.jsonl, plots/, final/)")
+    print(outcome(run, cfg.eval.k))
+    print()
+    print("\n".join(meaning_lines(run, cfg)))
     return 0
+
+
+def meaning_lines(run: RunDir, cfg) -> list[str]:
+    """The demo's closing lines: what the held-out table and the training reward measure (and what not)."""
+    lines = ["What these numbers mean:"]
+    after = run.evaluation("after")
+    if after:
+        problems = after.get("summary", {}).get("problems") or cfg.eval.count
+        lines.append(f"- held-out (the table): {problems} test problems the run never trained on, the same problems "
+                     f"before and after, so the change comes from the weights alone; one problem is "
+                     f"{1 / problems:.3f} of greedy accuracy, and a change of a problem or two is noise at this size.")
+    train = [r for r in run.train_records() if r.get("reward_mean") is not None]
+    if train:
+        first, last = train[0], train[-1]
+        mean = sum(r["reward_mean"] for r in train) / len(train)
+        lines.append(f"- training reward: the population's mean reward on each update's own minibatch of "
+                     f"{cfg.es.prompts_per_iteration} training prompts. Every update draws a different minibatch, so "
+                     f"these are not a before/after comparison: update {first['step']} {first['reward_mean']:.3f}, "
+                     f"update {last['step']} {last['reward_mean']:.3f}, mean over the {len(train)} updates {mean:.3f}.")
+    lines.append(f"- everything is in {run.path} (metrics.jsonl, seed_log.jsonl, plots/, final/); "
+                 f"`evolm eval --like {run.path}` measures the table's 'after' column again, exactly.")
+    return lines

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from evolm.commands.common import add_config_args, job_config
+from evolm.commands.common import add_config_args, job_config, outcome
 
 
 def register(sub) -> None:
@@ -12,8 +12,8 @@ def register(sub) -> None:
         "grpo", help="GRPO post-training (TRL GRPOTrainer) from a TOML config",
         description="Train with Hugging Face TRL's GRPOTrainer on the same model, task and reward as ES. Writes "
                     "runs/<name>/ (config.toml, run.json, metrics.jsonl with per-update cost, checkpoints/, final/) "
-                    "in the same format as `evolm es`, and prints the run directory. `evolm config grpo` lists "
-                    "every field.",
+                    "in the same format as `evolm es`; prints the run directory first and the held-out before/after "
+                    "table last. `evolm config grpo` lists every field.",
         epilog="example: evolm grpo --config configs/grpo-arithmetic.toml --set grpo.steps=5",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     add_config_args(p, "grpo.lr=2e-5")
@@ -27,5 +27,7 @@ def run(args) -> int:
     from evolm.jobs import run_grpo  # torch and TRL: imported when the verb runs
 
     cfg, resume = job_config("grpo", args)
-    print(run_grpo(cfg, resume=resume).path)
+    run = run_grpo(cfg, resume=resume)
+    print()
+    print(outcome(run, cfg.eval.k))
     return 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from evolm.analysis.ablations import ablations_for
-from evolm.commands.common import add_config_args, job_config
+from evolm.commands.common import add_config_args, job_config, outcome
 
 
 def register(sub) -> None:
@@ -50,7 +50,9 @@ def run(args) -> int:
     if splits or (args.resume and (Path(args.resume) / "sweep.json").exists()):
         return _split_sweep(args, splits)
     cfg, resume = job_config("pipeline", args)
-    print(run_pipeline(cfg, resume=resume).path)
+    run = run_pipeline(cfg, resume=resume)
+    print()
+    print(outcome(run, cfg.eval.k))
     return 0
 
 

@@ -8,8 +8,9 @@ One iteration (``step`` = iterations done so far, 1-based in the logs):
    (``es/population.py``);
 3. ``compute_update`` (shaping + estimator, ``es/update.py``) and ``population.apply_update``;
 4. append a metrics record (``runs.train_record``) and a seed-log record; every
-   ``run.checkpoint_every`` updates, save a checkpoint (weights in Hugging Face safetensors names +
-   state, plus float32 masters when generation runs in lower precision).
+   ``run.checkpoint_every`` updates (with ``run.save = "all"``), save a checkpoint (weights in Hugging
+   Face safetensors names + state, plus float32 masters when generation runs in lower precision,
+   written inside the checkpoint before it is renamed into place).
 
 The run around the loop (run directory, components, held-out measurements, final weights) is the
 shared lifecycle in ``evolm/jobs.py``; ``jobs.run_es`` is the entry point.
@@ -177,10 +178,9 @@ def train(cfg, comps, run: RunDir, start, params: ParamSet, *, probe: Callable |
             step = record["step"]
             if probe is not None and cfg.probe.every and step % cfg.probe.every == 0 and step < es.iterations:
                 run.log_metrics(probe_record(probe, model, step, METHOD))
-            if cfg.run.checkpoint_every and step % cfg.run.checkpoint_every == 0 and step < es.iterations:
-                ckpt = run.save_checkpoint(float32_model(model, params), step, {"method": METHOD, **totals},
-                                           keep=cfg.run.keep_checkpoints)
-                _save_masters(params, ckpt)
+            if cfg.run.checkpoints and step % cfg.run.checkpoint_every == 0 and step < es.iterations:
+                run.save_checkpoint(float32_model(model, params), step, {"method": METHOD, **totals},
+                                    keep=cfg.run.keep_checkpoints, write_extra=lambda tmp: _save_masters(params, tmp))
             for cb in callbacks:
                 cb(step, record)
     finally:

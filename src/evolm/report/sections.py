@@ -7,17 +7,23 @@ Design decisions:
   or None when no input has its data; every plotted number is also in a table.
 - The only derived numbers are pure functions of what was read: pass@k for k = 1 .. n from each
   problem's n and c (``evolm.metrics.pass_at_k_curve``), sums and means of the training records.
-- The base model's pass@k curve is a run's ``eval_before.json``, shown once as "base" when every run
-  measured the same thing (same task, sampling, summary and problems); each trained run's curve is
-  its ``eval_after.json``, plus any ``evolm eval`` outputs.
+- The base model's pass@k curve is a run's ``eval_before.json``, shown once as "base" (black, dashed)
+  when every run measured the same thing (same task, sampling, summary and problems), else as
+  "<run> base" dashed in the run's colour; each trained run's curve is its ``eval_after.json`` (solid),
+  plus any ``evolm eval`` outputs (dash-dotted, in their run's colour). Every run keeps its colour in
+  every figure (``read.assign_colors``). Multiple-choice tasks get the chance curve (uniform guessing,
+  ``chance_curve``), grey dotted, and a chance row in the table.
+- A section whose numbers cannot carry a claim opens with a visible warning (``report.checks``): every
+  pass@k 0, or fewer than 20 problems.
 """
 
 from __future__ import annotations
 
 import re
 
+from evolm.document import BASE_COLOR, Alert, Canvas, Section, Table, integer_x
 from evolm.metrics import pass_at_k_curve
-from evolm.document import COLORS, Canvas, Section, Table, integer_x
+from evolm.report.checks import passk_warnings
 from evolm.report.read import Run, Sources
 
 
@@ -36,6 +42,17 @@ def _eval_curve(report: dict) -> tuple[list[float], dict]:
     return (pass_at_k_curve(ns, cs) if ns else []), report.get("summary", {})
 
 
+def chance_curve(report: dict) -> list[float]:
+    """pass@k of uniform guessing for k = 1 .. n when every problem defines a chance accuracy q
+    (multiple choice): the mean over problems of 1 - (1 - q)^k (pure); [] otherwise."""
+    problems = report.get("problems") or []
+    chances = [p.get("chance") for p in problems]
+    if not problems or any(q is None for q in chances):
+        return []
+    n = min(p["n"] for p in problems)
+    return [sum(1 - (1 - q) ** k for q in chances) / len(chances) for k in range(1, n + 1)]
+
+
 def _same_eval(a: dict, b: dict) -> bool:
     keys = ("task", "sampling", "summary")
     return all(a.get(k) == b.get(k) for k in keys) and [p.get("id") for p in a.get("problems", [])] == \
@@ -43,54 +60,71 @@ def _same_eval(a: dict, b: dict) -> bool:
 
 
 def passk_section(src: Sources, canvas: Canvas) -> Section | None:
-    curves: list[tuple[str, str, list[float], dict]] = []  # (label, task, curve, summary)
+    # (label, task, curve, summary, colour, line style, report)
+    curves: list[tuple[str, str, list[float], dict, str, str, dict]] = []
     befores = [(r, r.eval_before) for r in src.runs if r.eval_before]
     if befores and all(_same_eval(befores[0][1], b) for _, b in befores[1:]):
         befores = [(None, befores[0][1])]
     for run, report in befores:
         curve, summary = _eval_curve(report)
-        curves.append(("base" if run is None else f"base ({run.label})", report.get("task", ""), curve, summary))
+        label, color = ("base", BASE_COLOR) if run is None else (f"{run.label} base", src.color(run.label))
+        curves.append((label, report.get("task", ""), curve, summary, color, "--", report))
     for run in src.runs:
         if run.eval_after:
             curve, summary = _eval_curve(run.eval_after)
-            curves.append((run.label, run.eval_after.get("task", ""), curve, summary))
+            curves.append((run.label, run.eval_after.get("task", ""), curve, summary, src.color(run.label), "-",
+                           run.eval_after))
     for label, _, report in src.evals:
         for task, t in report.get("tasks", {}).items():
             curve, summary = _eval_curve(t)
-            curves.append((f"{label}: {report.get('model', {}).get('spec', '')}".rstrip(": "), task, curve, summary))
+            curves.append((label, task, curve, summary, src.color(label), "-.", t))
     curves = [c for c in curves if c[2]]
     if not curves:
         return None
     tasks = sorted({c[1] for c in curves})
     sec = Section("Held-out pass@k: base vs trained")
+    sec.blocks += [Alert(w) for w in passk_warnings(c[:4] for c in curves)]
     sec.blocks.append("pass@k for k = 1 .. n from each problem's n samples and c correct ones (unbiased estimator, "
-                      "averaged over problems); base = a run's `eval_before.json`, trained = its `eval_after.json`, "
-                      "plus any `evolm eval` outputs.")
+                      "averaged over problems); one colour per run: its base (`eval_before.json`) dashed, trained "
+                      "(`eval_after.json`) solid, its `evolm eval` outputs dash-dotted; a base shared by every run is "
+                      "black. Grey dotted: what uniform guessing scores on multiple-choice tasks (chance). The k axis "
+                      "is logarithmic (base 2); pass@k is linear from 0.")
     fig = canvas.figure(7.0, 4.2)
     ax = fig.add_subplot()
-    for i, (label, task, curve, _) in enumerate(curves):
+    for label, task, curve, _, color, style, _ in curves:
         name = label if len(tasks) == 1 else f"{label} [{task}]"
-        style = "--" if label.startswith("base") else "-"
-        ax.plot(range(1, len(curve) + 1), curve, style, marker="o", ms=3, color=COLORS[i % len(COLORS)], label=name)
+        ax.plot(range(1, len(curve) + 1), curve, style, marker="o", ms=3, color=color, label=name)
+    chances: dict[str, list[float]] = {}
+    for _, task, _, _, _, _, report in curves:
+        chance = chance_curve(report)
+        if chance and len(chance) > len(chances.get(task, [])):
+            chances[task] = chance
+    for task, chance in chances.items():
+        ax.plot(range(1, len(chance) + 1), chance, ":", color="gray", lw=1.2,
+                label="chance" if len(tasks) == 1 else f"chance [{task}]")
     ax.set_xscale("log", base=2)
     kmax_plot = max(len(c[2]) for c in curves)
     ticks = [k for k in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512) if k <= kmax_plot]
     ax.set_xticks(ticks, [str(k) for k in ticks])
     ax.minorticks_off()
-    ax.set_xlabel("k (samples)")
+    ax.set_xlabel("k (samples, log scale)")
     ax.set_ylabel("pass@k")
     ax.set_ylim(0, 1.02)
     ax.grid(alpha=0.3)
     ax.set_title("held-out pass@k" + (f" on {tasks[0]}" if len(tasks) == 1 else ""))
     ax.legend(fontsize=8)
-    sec.blocks.append(canvas.save(fig, "passk", "pass@k curves", "dashed: base model"))
+    sec.blocks.append(canvas.save(fig, "passk", "pass@k curves",
+                                  "dashed: base model" + ("; grey dotted: chance" if chances else "")))
     kmax = max(len(c[2]) for c in curves)
     ks = sorted({k for k in (1, 2, 4, 8, 16, 32, 64, 128, 256) if k <= kmax} | {kmax})
     rows = []
-    for label, task, curve, s in curves:
+    for label, task, curve, s, *_ in curves:
         rows.append([label, task, s.get("problems"), s.get("n"), s.get("greedy")] +
                     [curve[k - 1] if k <= len(curve) else None for k in ks] +
                     [s.get("mean_correct"), s.get("entropy"), s.get("distinct_correct")])
+    for task, chance in chances.items():
+        rows.append(["chance (uniform guessing)", task, None, len(chance), None] +
+                    [chance[k - 1] if k <= len(chance) else None for k in ks] + [None, None, None])
     sec.blocks.append(Table(["model", "task", "problems", "n", "greedy"] + [f"pass@{k}" for k in ks] +
                             ["mean correct", "entropy (nats)", "distinct correct"], rows))
     return sec
@@ -112,9 +146,9 @@ def reward_section(src: Sources, canvas: Canvas) -> Section | None:
     fig = canvas.figure(7.0, 4.0)
     ax = fig.add_subplot()
     rows = []
-    for i, run in enumerate(runs):
+    for run in runs:
         pts = [(r["step"], r["reward_mean"]) for r in run.train if r.get("reward_mean") is not None]
-        color = COLORS[i % len(COLORS)]
+        color = src.color(run.label)
         ax.plot(*zip(*pts), marker="o", ms=2.5, color=color, label=run.label)
         centre = [(r["step"], r["center_reward"]) for r in run.train if r.get("center_reward") is not None]
         if centre:
@@ -151,8 +185,8 @@ def probe_section(src: Sources, canvas: Canvas) -> Section | None:
     fig = canvas.figure(10.0, 3.8)
     left, right = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
     styles = ["-", "--", ":", "-."]
-    for i, run in enumerate(runs):
-        color = COLORS[i % len(COLORS)]
+    for run in runs:
+        color = src.color(run.label)
         ent = [(p["step"], p["entropy"]) for p in run.probes if p.get("entropy") is not None]
         if ent:
             left.plot(*zip(*ent), marker="o", ms=3, color=color, label=run.label)

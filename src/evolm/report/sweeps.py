@@ -126,9 +126,10 @@ def _sigma_blocks(result: dict, g: dict, suffix: str, stem: str, canvas: Canvas)
             ax.plot(float(r["value"]), r["final_reward"], "x", color="red", ms=10, mew=2)
             ax.annotate(", ".join(r["flags"]), (float(r["value"]), r["final_reward"]), fontsize=7,
                         textcoords="offset points", xytext=(4, 6), color="red")
-    if all(x > 0 for x in xs):
+    log = all(x > 0 for x in xs)
+    if log:
         ax.set_xscale("log")
-    ax.set_xlabel("σ")
+    ax.set_xlabel("σ (log scale)" if log else "σ")
     ax.set_ylabel("training reward")
     ax.set_title(f"σ sweep{suffix} (red ×: flagged)", fontsize=9)
     ax.grid(alpha=0.3)
