@@ -8,7 +8,8 @@ from evolm.commands.common import add_config_args, job_config
 def register(sub) -> None:
     p = sub.add_parser("es", help="ES post-training from a TOML config",
                        description="Run ES post-training. Writes runs/<name>/ with the resolved config, metrics.jsonl, "
-                                   "seed_log.jsonl, checkpoints/ and final/.")
+                                   "seed_log.jsonl, checkpoints/ and final/. --set distributed.workers=2 scores the population "
+                                   "on 2 Ray actors (same result; docs/distributed.md).")
     add_config_args(p)
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a killed run from its newest checkpoint (bit-identical result)")
     p.set_defaults(func=run)

@@ -141,12 +141,15 @@ def float32_model(model, params: ParamSet):
 # -- the loop ---------------------------------------------------------------------------------------
 
 def train(cfg, comps, run: RunDir, start, params: ParamSet, *, probe: Callable | None = None,
-          callbacks: tuple[Callable, ...] = (), say: Say = print, quiet: bool = False) -> TrainResult:
+          callbacks: tuple[Callable, ...] = (), say: Say = print, quiet: bool = False,
+          population_factory: Callable | None = None) -> TrainResult:
     """Run ES updates ``start.step`` .. ``es.iterations`` on ``comps`` (a ``jobs.Components``).
 
     ``start`` (``jobs.Start``): the step to continue from and, on resume, the checkpoint whose weights
     and masters are loaded first. ``probe(model, step) -> dict`` is logged every ``probe.every``
     updates; ``callbacks`` are called as ``cb(step, record)`` after every update.
+    ``population_factory(cfg, params, generator, task)``: who scores the members (default
+    ``population.make_population``, this process; ``jobs.run_es`` passes the Ray population's).
     """
     model, tokenizer, task, generator = comps.model, comps.tokenizer, comps.task, comps.generator
     es = cfg.es
@@ -159,7 +162,7 @@ def train(cfg, comps, run: RunDir, start, params: ParamSet, *, probe: Callable |
                   "gen_tokens_total": int(start.state.get("gen_tokens_total", 0))}
         say(f"[evolm] resuming {run.path} from update {start.step}")
     generator.sync_weights()
-    population = make_population(cfg, params, generator, task)
+    population = (population_factory or make_population)(cfg, params, generator, task)
     layout = member_layout(es.estimator, es.population)
     if start.step == 0 and not run.seed_log():
         run.log_seed(run_header(params, cfg, layout))
@@ -181,6 +184,7 @@ def train(cfg, comps, run: RunDir, start, params: ParamSet, *, probe: Callable |
                 ckpt = run.save_checkpoint(float32_model(model, params), step, {"method": METHOD, **totals},
                                            keep=cfg.run.keep_checkpoints)
                 _save_masters(params, ckpt)
+                population.checkpointed(ckpt, step)
             for cb in callbacks:
                 cb(step, record)
     finally:
@@ -208,7 +212,7 @@ def _iteration(cfg, run: RunDir, population, task, tokenizer, generator, layout,
     extra = {"fitness": scores.fitness, "update_status": update.status,
              "update_norm_coef": float(math.sqrt(sum(c * c for c in update.coefficients))) * update.scale,
              "seconds_generate": scores.seconds["generate"], "seconds_perturb": scores.seconds["perturb"],
-             "seconds_restore": scores.seconds["restore"], "seconds_update": seconds_update}
+             "seconds_restore": scores.seconds["restore"], "seconds_update": seconds_update, **scores.extra}
     if update.message:
         extra["message"] = update.message
         if not quiet:
