@@ -234,9 +234,9 @@ class RayPopulation:
         self.workers = dist.workers
         self._cleanup = cleanup
         self.ray = _import_ray(dist.workers)
-        from ray.exceptions import RayActorError  # Ray: optional, see _import_ray
+        from ray.exceptions import OutOfMemoryError, RayActorError  # Ray: optional, see _import_ray
 
-        self._died = RayActorError
+        self._died = (RayActorError, OutOfMemoryError)  # OutOfMemoryError: Ray's memory monitor killed the worker
         threads = dist.threads or cfg.model.threads
         self._owns_ray = _connect(self.ray, dist.address.strip(), dist.workers * threads)
         uses_fused = cfg.model.device == "cpu" and fused.kernel() is not None  # built here, before any actor
