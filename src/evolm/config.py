@@ -3,9 +3,9 @@
 Design decisions:
 
 - One dataclass per concern (``RunConfig``, ``ModelConfig``, ``TaskConfig``, ``GenerationConfig``,
-  ``ESConfig``, ``EvalConfig``); a job's config (``ESJob``) nests them as TOML tables
-  ``[run] [model] [task] [generation] [es] [eval]``. Other jobs (GRPO, pipelines) reuse the same
-  sections and add their own.
+  ``ESConfig``, ``EvalConfig``, ``DistributedConfig``); a job's config (``ESJob``) nests them as TOML
+  tables ``[run] [model] [task] [generation] [es] [eval] [probe] [distributed]``. Other jobs (GRPO,
+  pipelines) reuse the same sections and add their own.
 - ``load(cls, path, overrides)`` builds the dataclass from TOML, applies ``--set key=value``
   overrides (TOML literals: ``es.sigma=0.002``, ``task.params.digits=3``), rejects unknown fields with a
   did-you-mean, checks types, then calls each section's ``validate()``. Every failure is a
@@ -235,6 +235,43 @@ def _validate_heldout(section, p: str) -> None:
     require(section.max_new_tokens >= 0, f"{p}.max_new_tokens must be >= 0 (got {section.max_new_tokens})")
 
 
+@dataclass
+class DistributedConfig:
+    workers: int = 0
+    """Ray actors scoring the ES population, each with its own model replica (0 or 1: score in this process, no Ray). Needs the distributed extra: pip install 'evolm[distributed]'."""
+    address: str = ""
+    """Ray cluster: "" starts a private Ray instance on this machine (no dashboard); "auto" joins the cluster this machine belongs to (ray start); "ray://HOST:10001" connects through Ray Client; HOST:PORT joins that cluster's head."""
+    threads: int = 0
+    """CPU threads per actor: its Ray CPU reservation and its torch thread count (0: model.threads). Results match a local run bit for bit when this equals model.threads."""
+    gpus: float = 0.0
+    """GPUs Ray reserves per actor (a fraction shares one GPU); needed with model.device = "cuda", where each actor uses the GPU Ray assigns it."""
+    max_restarts: int = 3
+    """Replacement actors started over the whole run for actors that die (their unfinished members are rescored); past that a dead actor is dropped and the rest carry on."""
+
+    def validate(self, p: str) -> None:
+        require(self.workers >= 0, f"{p}.workers must be >= 0 (got {self.workers})")
+        require(self.threads >= 0, f"{p}.threads must be >= 0 (got {self.threads})")
+        require(self.gpus >= 0, f"{p}.gpus must be >= 0 (got {self.gpus})")
+        require(self.max_restarts >= 0, f"{p}.max_restarts must be >= 0 (got {self.max_restarts})")
+        address = self.address.strip()
+        require(address in ("", "auto") or address.startswith("ray://") or _host_port(address),
+                f"{p}.address must be \"\" (a private local Ray), \"auto\", \"ray://HOST:PORT\" or HOST:PORT (got '{self.address}')")
+
+
+def _importable(module: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # ValueError: a module set to None in sys.modules
+        return False
+
+
+def _host_port(address: str) -> bool:
+    host, _, port = address.rpartition(":")
+    return bool(host) and port.isdigit()
+
+
 DEFAULT_PROBE_PARAMS = {"digits": 2, "operators": "+-"}
 """Knobs of the default probe (arithmetic): 2-digit addition and subtraction, test split."""
 
@@ -283,6 +320,16 @@ class ESJob:
     es: ESConfig = field(default_factory=ESConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     probe: ProbeConfig = field(default_factory=ProbeConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+
+    def validate_job(self) -> None:
+        d = self.distributed
+        if d.workers >= 2:
+            require(_importable("ray"), f"distributed.workers={d.workers} needs Ray: pip install 'evolm[distributed]' "
+                                        "(or set distributed.workers=0 to score in this process)")
+        if d.workers >= 2 and self.model.device.startswith("cuda"):
+            require(d.gpus > 0, "model.device is cuda but distributed.gpus is 0: set distributed.gpus (e.g. 1) "
+                                "so Ray gives every actor a GPU")
 
 
 # --------------------------------------------------------------------------------------------------

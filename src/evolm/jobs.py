@@ -50,6 +50,7 @@ from evolm.backends.base import Generator
 from evolm.console import Say, say_for
 from evolm.errors import UserError
 from evolm.es import engine as es_engine
+from evolm.es import ray_population
 from evolm.heldout import heldout_eval, make_probe, probe_record
 from evolm.plots import plot_training
 from evolm.runs import RunDir, TrainResult, atomic_write_text, peak_rss_mb, save_model_dir
@@ -231,7 +232,12 @@ def run_es(cfg, resume=None, *, model=None, tokenizer=None, task: Task | None = 
     say(f"[evolm] run directory: {run.path}")
     with marking_failures(run), tracking(cfg, run, es_engine.METHOD, start):
         probe = start_measurements(cfg, comps, run, start, es_engine.METHOD, probe=probe, eval_before=eval_before, say=say)
-        result = es_engine.train(cfg, comps, run, start, params, probe=probe, callbacks=callbacks, say=say, quiet=quiet)
+        factory = None
+        if cfg.distributed.workers >= 2:  # K Ray actors (evolm.es.ray_population): they need the model's source
+            factory = ray_population.factory(comps, run, checkpoint=start.checkpoint, header=header,
+                                             injected=model is not None, say=say)
+        result = es_engine.train(cfg, comps, run, start, params, probe=probe, callbacks=callbacks, say=say, quiet=quiet,
+                                 population_factory=factory)
         finish_run(cfg, comps, run, es_engine.METHOD, result, probe=probe, say=say)
     return run
 

@@ -10,7 +10,8 @@ def register(sub) -> None:
                        description="Run ES post-training; prints the run directory first and the held-out before/after table "
                                    "last. Writes runs/<name>/ with the resolved config, metrics.jsonl, "
                                    "seed_log.jsonl, checkpoints/ and final/ (run.save: all, final or none; an ES run's "
-                                   "weights at any update can be rebuilt with `evolm replay`).")
+                                   "weights at any update can be rebuilt with `evolm replay`). --set distributed.workers=2 "
+                                   "scores the population on 2 Ray actors (same result; docs/distributed.md).")
     add_config_args(p)
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a killed run from its newest checkpoint (bit-identical result)")
     p.set_defaults(func=run)

@@ -110,14 +110,14 @@ def check_header(header: dict, params: ParamSet, cfg) -> None:
 
 # -- checkpoints ------------------------------------------------------------------------------------
 
-def _save_masters(params: ParamSet, directory: Path) -> None:
+def save_masters(params: ParamSet, directory: Path) -> None:
     if params.masters is not None:
         from safetensors.torch import save_file
 
         save_file(params.state_dict(), str(directory / "masters.safetensors"))
 
 
-def _load_masters(params: ParamSet, directory: Path) -> None:
+def load_masters(params: ParamSet, directory: Path) -> None:
     path = directory / "masters.safetensors"
     if params.masters is not None and path.exists():
         from safetensors.torch import load_file
@@ -142,25 +142,28 @@ def float32_model(model, params: ParamSet):
 # -- the loop ---------------------------------------------------------------------------------------
 
 def train(cfg, comps, run: RunDir, start, params: ParamSet, *, probe: Callable | None = None,
-          callbacks: tuple[Callable, ...] = (), say: Say = print, quiet: bool = False) -> TrainResult:
+          callbacks: tuple[Callable, ...] = (), say: Say = print, quiet: bool = False,
+          population_factory: Callable | None = None) -> TrainResult:
     """Run ES updates ``start.step`` .. ``es.iterations`` on ``comps`` (a ``jobs.Components``).
 
     ``start`` (``jobs.Start``): the step to continue from and, on resume, the checkpoint whose weights
     and masters are loaded first. ``probe(model, step) -> dict`` is logged every ``probe.every``
     updates; ``callbacks`` are called as ``cb(step, record)`` after every update.
+    ``population_factory(cfg, params, generator, task)``: who scores the members (default
+    ``population.make_population``, this process; ``jobs.run_es`` passes the Ray population's).
     """
     model, tokenizer, task, generator = comps.model, comps.tokenizer, comps.task, comps.generator
     es = cfg.es
     totals = {"seconds_total": 0.0, "gen_sequences_total": 0, "gen_tokens_total": 0}
     if start.checkpoint is not None:
         load_weights(model, start.checkpoint)
-        _load_masters(params, start.checkpoint)
+        load_masters(params, start.checkpoint)
         totals = {"seconds_total": float(start.state.get("seconds_total", 0.0)),
                   "gen_sequences_total": int(start.state.get("gen_sequences_total", 0)),
                   "gen_tokens_total": int(start.state.get("gen_tokens_total", 0))}
         say(f"[evolm] resuming {run.path} from update {start.step}")
     generator.sync_weights()
-    population = make_population(cfg, params, generator, task)
+    population = (population_factory or make_population)(cfg, params, generator, task)
     layout = member_layout(es.estimator, es.population)
     if start.step == 0 and not run.seed_log():
         run.log_seed(run_header(params, cfg, layout))
@@ -179,8 +182,9 @@ def train(cfg, comps, run: RunDir, start, params: ParamSet, *, probe: Callable |
             if probe is not None and cfg.probe.every and step % cfg.probe.every == 0 and step < es.iterations:
                 run.log_metrics(probe_record(probe, model, step, METHOD))
             if cfg.run.checkpoints and step % cfg.run.checkpoint_every == 0 and step < es.iterations:
-                run.save_checkpoint(float32_model(model, params), step, {"method": METHOD, **totals},
-                                    keep=cfg.run.keep_checkpoints, write_extra=lambda tmp: _save_masters(params, tmp))
+                ckpt = run.save_checkpoint(float32_model(model, params), step, {"method": METHOD, **totals},
+                                           keep=cfg.run.keep_checkpoints, write_extra=lambda tmp: save_masters(params, tmp))
+                population.checkpointed(ckpt, step)
             for cb in callbacks:
                 cb(step, record)
     finally:
@@ -208,7 +212,7 @@ def _iteration(cfg, run: RunDir, population, task, tokenizer, generator, layout,
     extra = {"fitness": scores.fitness, "update_status": update.status,
              "update_norm_coef": float(math.sqrt(sum(c * c for c in update.coefficients))) * update.scale,
              "seconds_generate": scores.seconds["generate"], "seconds_perturb": scores.seconds["perturb"],
-             "seconds_restore": scores.seconds["restore"], "seconds_update": seconds_update}
+             "seconds_restore": scores.seconds["restore"], "seconds_update": seconds_update, **scores.extra}
     if update.message:
         extra["message"] = update.message
         if not quiet:

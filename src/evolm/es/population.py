@@ -42,6 +42,8 @@ class MemberScores:
     seconds: dict[str, float] = field(default_factory=lambda: {"generate": 0.0, "perturb": 0.0, "restore": 0.0})
     gen_sequences: int = 0
     gen_tokens: int = 0
+    extra: dict = field(default_factory=dict)
+    """Population-specific counters logged with the update (a Ray population: actors, restarts)."""
 
 
 def score_completions(task: Task, examples: list[Example], completions) -> tuple[float, str | None]:
@@ -94,10 +96,15 @@ class LocalPopulation:
             self.params.apply_update(iteration, update.coefficients, update.scale)
             self.generator.sync_weights()
 
+    def checkpointed(self, directory, step: int) -> None:
+        """The driver saved a checkpoint of the current weights (a Ray population restarts actors from it)."""
+
     def close(self) -> None:
         """Release what the population holds (nothing for a local one)."""
 
 
 def make_population(cfg, params: ParamSet, generator: Generator, task: Task) -> LocalPopulation:
-    """The population an ES job's config asks for (local: this process, one member after another)."""
+    """The local population (this process, one member after another). ``distributed.workers >= 2``
+    asks for ``es.ray_population.RayPopulation``, which ``jobs.run_es`` hands to ``engine.train`` as
+    its population factory (it needs the run directory and the model's source)."""
     return LocalPopulation(params, generator, task)

@@ -1,0 +1,442 @@
+"""The Ray population: K Ray actors, each a model replica that scores ES members; seeds on the wire.
+
+``RayPopulation`` implements the engine's population calls (``score``, ``apply_update``, plus
+``checkpointed`` and ``close``) over K actors. Each actor (``Replica``) is a ``LocalPopulation`` in its
+own process: it loads the model from the run's spec (or checkpoint), builds its ``ParamSet`` with the
+engine's ``build_paramset`` (from the run's seed-log header on resume) and its ``Generator`` with
+``backends.make_generator`` from ``[generation]``, as ``jobs.build_components`` does, and scores one
+member per call. ``jobs.run_es`` hands ``factory(...)`` to ``engine.train`` when
+``distributed.workers >= 2`` (this module sits beside ``population`` and ``engine`` and imports them,
+never the other way round).
+
+Design decisions:
+
+- **Seeds and scalars on the wire, never weights.** Per member the driver sends ``(iteration,
+  direction, sign, sigma)`` plus a reference to the iteration's batch (examples, rendered prompts,
+  sampling parameters; put in Ray's object store once per iteration) and gets back a scalar fitness,
+  the reward error if any, and cost counters (seconds, sequences, tokens). An update goes out as
+  ``(iteration, coefficients, scale)`` and every actor applies it to its own replica. A member's
+  result is a pure function of those keys and the replica's weights, so the run cannot depend on K or
+  on which actor scored which member.
+- **Dynamic scheduling.** Every actor holds at most one member; ``ray.wait`` returns the first
+  finished one and that actor takes the next unscored member. Fitnesses are stored by member index.
+- **The driver keeps a replica.** It applies every update to its own copy (the engine's ``ParamSet``)
+  at the same time as the actors: checkpoints, ``final/`` (Hugging Face names), held-out evaluation,
+  probes and ``es.eval_center_every`` keep working from the driver's model exactly as in a local run,
+  and the driver's copy is the reference the actors are checked against. Cost: one more update per
+  iteration and one model's memory in the driver (for SmolLM2-135M on CPU ~1 s and ~0.7 GB).
+- **Replicas stay bit-identical, checked.** After loading and after every applied update each actor
+  returns a CRC-32 per selected tensor (of the float32 masters when generation runs in lower
+  precision): ~0.3 s per 134M parameters. Any difference from the driver's own checksums stops the
+  run with a one-line ``DistributedError`` naming the actor and the first differing tensor.
+- **Same arithmetic everywhere.** Actors use the driver's torch thread count (``distributed.threads``,
+  default ``model.threads``) and its ``EVOLM_FUSED`` choice; the driver builds the fused CPU kernel
+  (``evolm.es.fused``) before any actor starts, so actors on its machine only load it (the kernel and
+  the torch ops give bit-identical perturbations anyway: ``params.PERTURB_ARITHMETIC``). With the
+  same threads, a run with K actors reaches bit-identical weights, fitnesses and seed log to a local
+  run (tested).
+- **Faults.** An actor that dies (process killed, Ray's memory monitor, node lost; at start-up too,
+  unless its own ``__init__`` raised, which is a setup error and stops the run) is replaced, up to
+  ``distributed.max_restarts`` times per run, and its unfinished member goes back to the queue; past
+  the budget it is dropped and the others carry on. A replacement never receives weights: it loads
+  the same spec, or the newest checkpoint the driver wrote, and replays the updates applied since
+  (the seed log's coefficients and scales, kept in memory), then must report the driver's checksums
+  before it takes work. Before an update is sent, replacements still loading are waited for, so every
+  live actor receives every update.
+- **Where the actors' weights come from.** The model spec (``model.spec``) when the engine loaded the
+  model from it; the resumed checkpoint on ``--resume``; and for a model handed to ``run_es`` in
+  memory (pipelines, tests), a copy the driver writes once into ``<run>/replica_init/`` and deletes on
+  ``close``. On a multi-node cluster these paths must be readable from every node (a shared
+  filesystem) and evolm, with the same torch and NumPy versions, must be installed on every node.
+- **Ray itself.** ``distributed.address = ""`` starts a private local instance (``address="local"``,
+  so a cluster started with ``ray start`` on the machine is never joined by accident; no dashboard;
+  ``workers x threads`` CPUs; a small object store, since only scalars and prompts travel) and shuts it
+  down on ``close``; ``"auto"``, ``"ray://..."`` or ``HOST:PORT`` join an existing cluster. A Ray
+  already initialised in the process (a notebook, a test fixture) is used as it is and left running.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+import shutil
+import socket
+import time
+import zlib
+from collections import deque
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from evolm import models
+from evolm.backends import make_generator
+from evolm.errors import UserError
+from evolm.es import fused
+from evolm.es.engine import load_masters, save_masters, build_paramset, float32_model
+from evolm.es.population import LocalPopulation, MemberScores
+from evolm.es.update import Update
+from evolm.runs import load_weights
+
+OBJECT_STORE_BYTES = 256 * 1024 * 1024
+"""Object store of a private local Ray instance: per iteration only the prompts travel through it."""
+
+
+class DistributedError(UserError):
+    """The Ray population cannot go on (replicas diverged, every actor died, Ray unreachable); one line."""
+
+
+# -- pure helpers -----------------------------------------------------------------------------------
+
+def weights_checksum(params) -> list[int]:
+    """CRC-32 of the bytes of every selected tensor (the float32 masters when kept), in ``params`` order."""
+    tensors = params.masters if params.masters is not None else params.tensors
+    out = []
+    for t in tensors:
+        t = t.detach()
+        if t.device.type != "cpu":
+            t = t.cpu()
+        out.append(zlib.crc32(t.contiguous().view(torch.uint8).numpy()))
+    return out
+
+
+def first_mismatch(names: list[str], expected: list[int], got: list[int]) -> str | None:
+    """The first tensor whose checksum differs (or a length message), None when all agree."""
+    if len(expected) != len(got):
+        return f"{len(got)} tensors instead of {len(expected)}"
+    for name, a, b in zip(names, expected, got):
+        if a != b:
+            return name
+    return None
+
+
+def actor_failure(error: BaseException) -> str:
+    """One line saying why an actor died: the Python exception its creation raised, else Ray's reason
+    (e.g. the worker process was killed, or Ray's memory monitor killed it)."""
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    if not lines:
+        return type(error).__name__
+    if getattr(error, "actor_init_failed", False) or "creation task" in lines[0]:
+        for line in reversed(lines):
+            if re.match(r"^[\w.]*(Error|Exception|Exit|Interrupt)\b", line):
+                return line
+    fields = re.compile(r"^(class_name|actor_id|pid|name|namespace|ip):")
+    rest = [line for line in lines[1:] if not fields.match(line)]
+    return (rest[0] if rest else lines[0])[:300]
+
+
+# -- the actor --------------------------------------------------------------------------------------
+
+@dataclass
+class ReplicaRecipe:
+    """Everything an actor needs to build its replica at the driver's current weights (no weights)."""
+
+    cfg: Any
+    """The run's ``ESJob``: model dtype/device, ``[generation]``, ``[es]`` (noise, parameter selection)."""
+    spec: str
+    """Model spec the actor loads (architecture, tokenizer, base weights)."""
+    checkpoint: str | None
+    """Directory whose safetensors weights (and ``masters.safetensors``) replace the spec's weights."""
+    header: dict | None
+    """The run's seed-log header on resume (the noise is rebuilt from it, as the driver's is), else None."""
+    task: Any
+    """The training task (small, picklable; rewards are computed in the actor)."""
+    replay: list[tuple[int, list[float], float]] = field(default_factory=list)
+    """Updates ``(iteration, coefficients, scale)`` applied since ``checkpoint`` (or the spec), in order."""
+    threads: int = 1
+    """torch threads of the actor."""
+    fused: bool = False
+    """Whether the driver perturbs with the fused CPU kernel (the actor must use the same path)."""
+
+
+class Replica:
+    """One actor's state: a model replica behind a ``LocalPopulation``. Plain class; Ray wraps it."""
+
+    def __init__(self, recipe: ReplicaRecipe):
+        t0 = time.perf_counter()
+        os.environ["EVOLM_FUSED"] = "1" if recipe.fused else "0"
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        torch.set_num_threads(recipe.threads)
+        cfg = recipe.cfg
+        model, tokenizer = models.load(recipe.spec, dtype=cfg.model.dtype, threads=recipe.threads, device=cfg.model.device)
+        if recipe.checkpoint:
+            load_weights(model, Path(recipe.checkpoint))
+        params = build_paramset(model, cfg, recipe.header)
+        if recipe.checkpoint:
+            load_masters(params, Path(recipe.checkpoint))
+        for iteration, coefficients, scale in recipe.replay:
+            params.apply_update(iteration, coefficients, scale)
+        generator = make_generator(cfg.generation.backend, model, tokenizer, cfg.generation.batch_size,
+                                   cfg.generation.prefix_cache)
+        generator.sync_weights()
+        self.population = LocalPopulation(params, generator, recipe.task)
+        self.fused = cfg.model.device == "cpu" and fused.kernel() is not None
+        self.seconds_start = time.perf_counter() - t0
+
+    def ready(self) -> dict:
+        return {"pid": os.getpid(), "host": socket.gethostname(), "fused": self.fused,
+                "checksum": weights_checksum(self.population.params), "seconds_start": self.seconds_start}
+
+    def score(self, iteration: int, direction: int, sign: int, sigma: float, batch) -> dict:
+        examples, prompts, sampling = batch
+        s = self.population.score(iteration, [(direction, sign)], sigma, examples, prompts, sampling)
+        return {"fitness": s.fitness[0], "error": s.errors.get(0), "seconds": s.seconds,
+                "gen_sequences": s.gen_sequences, "gen_tokens": s.gen_tokens}
+
+    def apply_update(self, iteration: int, coefficients: list[float], scale: float) -> list[int]:
+        self.population.apply_update(iteration, Update(coefficients, scale, "applied"))
+        return weights_checksum(self.population.params)
+
+
+# -- the driver's side ------------------------------------------------------------------------------
+
+def _import_ray(workers: int):
+    try:
+        import ray  # optional (the distributed extra) and heavy: imported when a Ray population starts
+    except ImportError:
+        raise UserError(f"distributed.workers={workers} needs Ray: pip install 'evolm[distributed]' "
+                        "(or set distributed.workers=0 to score in this process)") from None
+    return ray
+
+
+def _connect(ray, address: str, num_cpus: int) -> bool:
+    """Initialise Ray unless it already is; True when this call started (and so owns) it."""
+    if ray.is_initialized():
+        return False
+    try:
+        if not address:
+            ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, logging_level=logging.ERROR,
+                     object_store_memory=OBJECT_STORE_BYTES)
+        else:
+            ray.init(address=address, logging_level=logging.ERROR)
+    except (ConnectionError, RuntimeError, ValueError) as e:
+        where = f"distributed.address='{address}'" if address else "a local Ray instance"
+        hint = ""
+        if "AuthenticationError" in type(e.__cause__).__name__ and os.environ.get("RAY_AUTH_MODE") != "token":
+            hint = ("; the cluster uses token authentication: set RAY_AUTH_MODE=token and its token "
+                    "(~/.ray/auth_token or RAY_AUTH_TOKEN) for evolm es")
+        raise DistributedError(f"could not start Ray ({where}): {str(e).splitlines()[0] if str(e) else type(e).__name__}{hint}") from None
+    return True
+
+
+class RayPopulation:
+    """Scores ES members on K Ray actors and applies updates everywhere (see the module docstring)."""
+
+    def __init__(self, cfg, params, generator, task, *, spec: str, checkpoint: str | None = None,
+                 header: dict | None = None, cleanup: Path | None = None, say: Callable[..., None] = print):
+        dist = cfg.distributed
+        self.params = params
+        self.generator = generator
+        self.say = say
+        self.workers = dist.workers
+        self._cleanup = cleanup
+        self.ray = _import_ray(dist.workers)
+        from ray.exceptions import OutOfMemoryError, RayActorError  # Ray: optional, see _import_ray
+
+        self._died = (RayActorError, OutOfMemoryError)  # OutOfMemoryError: Ray's memory monitor killed the worker
+        threads = dist.threads or cfg.model.threads
+        self._owns_ray = _connect(self.ray, dist.address.strip(), dist.workers * threads)
+        uses_fused = cfg.model.device == "cpu" and fused.kernel() is not None  # built here, before any actor
+        self._recipe = ReplicaRecipe(cfg=cfg, spec=spec, checkpoint=checkpoint, header=header, task=task, threads=threads,
+                                     fused=uses_fused)
+        self._replay: list[tuple[int, list[float], float]] = []
+        self._checksum = weights_checksum(params)
+        self._restarts_left = dist.max_restarts
+        self.restarts = 0
+        self._next_id = 0
+        self._actors: dict[int, Any] = {}
+        self._info: dict[int, dict] = {}
+        self._starting: dict[Any, tuple[int, Any, list[int]]] = {}
+        resources = {"num_cpus": threads, **({"num_gpus": dist.gpus} if dist.gpus else {})}
+        self._actor_class = self.ray.remote(Replica).options(max_restarts=0, max_task_retries=0, **resources)
+        t0 = time.perf_counter()
+        self._initial = True
+        try:
+            for _ in range(dist.workers):
+                self._start()
+            self._settle_starting()
+        except BaseException:
+            self.close()
+            raise
+        self._initial = False
+        where = dist.address.strip() or "a private local Ray instance"
+        say(f"[evolm] Ray population: {len(self._actors)} actors x {threads} thread(s)"
+            + (f" x {dist.gpus:g} GPU" if dist.gpus else "") + f" on {where}, ready in {time.perf_counter() - t0:.1f} s")
+
+    # -- actors ------------------------------------------------------------------------------------
+    def _start(self) -> None:
+        """Start an actor at the driver's current weights (spec or checkpoint + replay); returns at once."""
+        aid = self._next_id
+        self._next_id += 1
+        recipe = replace(self._recipe, replay=list(self._replay))
+        handle = self._actor_class.remote(recipe)
+        self._starting[handle.ready.remote()] = (aid, handle, list(self._checksum))
+
+    def _on_started(self, future) -> int | None:
+        aid, handle, expected = self._starting.pop(future)
+        try:
+            info = self.ray.get(future)
+        except self._died as e:
+            self._on_death(aid, handle, e)
+            return None
+        self._info[aid] = info
+        self._check(aid, info["checksum"], expected, "after loading")
+        self._actors[aid] = handle
+        return aid
+
+    def _settle_starting(self) -> None:
+        """Wait until no actor is still starting (replacements of actors that die meanwhile included)."""
+        while self._starting:
+            done, _ = self.ray.wait(list(self._starting), num_returns=1)
+            self._on_started(done[0])
+
+    def _on_death(self, aid: int, handle, error: BaseException) -> None:
+        reason = actor_failure(error)
+        self._actors.pop(aid, None)
+        info = self._info.pop(aid, {})
+        try:
+            self.ray.kill(handle)
+        except Exception:
+            pass
+        if self._initial and getattr(error, "actor_init_failed", False):  # its __init__ raised: a setup error
+            raise DistributedError(f"Ray actor {aid} failed to start: {reason}")
+        who = f"Ray actor {aid}" + (f" (pid {info['pid']} on {info['host']})" if info else "")
+        if self._restarts_left > 0:
+            self._restarts_left -= 1
+            self.restarts += 1
+            source = self._recipe.checkpoint or self._recipe.spec
+            self.say(f"[evolm] {who} died ({reason}); starting a replacement from {source} + {len(self._replay)} "
+                     f"replayed updates ({self._restarts_left} restarts left)")
+            self._start()
+        elif self._actors or self._starting:
+            self.say(f"[evolm] {who} died ({reason}); no restarts left (distributed.max_restarts), "
+                     f"carrying on with {len(self._actors) + len(self._starting)} actors")
+        else:
+            raise DistributedError(f"every Ray actor has died (last: {reason}) and distributed.max_restarts is used up; "
+                                   "continue the run with evolm es --resume RUN_DIR")
+
+    def _check(self, aid: int, got: list[int], expected: list[int], when: str) -> None:
+        bad = first_mismatch(self.params.names, expected, got)
+        if bad is not None:
+            host = self._info.get(aid, {}).get("host", "?")
+            raise DistributedError(
+                f"Ray actor {aid} on {host} diverged from the driver's weights {when} (first differing tensor: {bad}); "
+                "every node needs the same model files and the same torch/NumPy versions")
+
+    # -- the population calls ------------------------------------------------------------------------
+    def score(self, iteration: int, layout: list[tuple[int, int]], sigma: float, examples, prompts, sampling,
+              on_member: Callable[[], None] | None = None):
+        ray = self.ray
+        batch = ray.put((examples, prompts, sampling))
+        out = MemberScores(fitness=[math.nan] * len(layout))
+        todo = deque(range(len(layout)))
+        busy: dict[Any, tuple[int, int]] = {}
+        idle = deque(sorted(self._actors))
+        per_actor: dict[int, int] = {}
+        rescored = 0
+        while todo or busy:
+            while idle and todo:
+                aid = idle.popleft()
+                if aid not in self._actors:
+                    continue
+                member = todo.popleft()
+                direction, sign = layout[member]
+                busy[self._actors[aid].score.remote(iteration, direction, sign, sigma, batch)] = (aid, member)
+            if not busy and not self._starting:
+                raise DistributedError("no Ray actor is left to score the population; continue with evolm es --resume RUN_DIR")
+            done, _ = ray.wait(list(busy) + list(self._starting), num_returns=1)
+            future = done[0]
+            if future in self._starting:
+                aid = self._on_started(future)
+                if aid is not None:
+                    idle.append(aid)
+                continue
+            aid, member = busy.pop(future)
+            try:
+                result = ray.get(future)
+            except self._died as e:
+                self._on_death(aid, self._actors.get(aid), e)
+                todo.appendleft(member)
+                rescored += 1
+                continue
+            out.fitness[member] = result["fitness"]
+            if result["error"]:
+                out.errors[member] = result["error"]
+            for k, v in result["seconds"].items():
+                out.seconds[k] = out.seconds.get(k, 0.0) + v
+            out.gen_sequences += result["gen_sequences"]
+            out.gen_tokens += result["gen_tokens"]
+            per_actor[aid] = per_actor.get(aid, 0) + 1
+            idle.append(aid)
+            if on_member:
+                on_member()
+        out.extra = {"ray_actors": len(self._actors), "ray_restarts": self.restarts, "ray_rescored": rescored,
+                     "ray_members": {str(a): n for a, n in sorted(per_actor.items())}}
+        return out
+
+    def apply_update(self, iteration: int, update) -> None:
+        if not update.applies:
+            return
+        self._settle_starting()  # every live actor must receive every update
+        coefficients, scale = [float(c) for c in update.coefficients], float(update.scale)
+        futures = {handle.apply_update.remote(iteration, coefficients, scale): (aid, handle)
+                   for aid, handle in self._actors.items()}
+        self.params.apply_update(iteration, coefficients, scale)  # the driver's replica, meanwhile
+        self.generator.sync_weights()
+        self._replay.append((iteration, coefficients, scale))
+        self._checksum = weights_checksum(self.params)
+        for future, (aid, handle) in futures.items():
+            try:
+                got = self.ray.get(future)
+            except self._died as e:
+                self._on_death(aid, handle, e)  # the replacement replays this update too
+                continue
+            self._check(aid, got, self._checksum, f"after update {iteration + 1}")
+
+    def checkpointed(self, directory: Path, step: int) -> None:
+        """Replacements load this checkpoint and replay only later updates."""
+        self._recipe = replace(self._recipe, checkpoint=str(directory))
+        self._replay = []
+
+    def close(self) -> None:
+        for handle in [*self._actors.values(), *(h for _, h, _ in self._starting.values())]:
+            try:
+                self.ray.kill(handle)
+            except Exception:
+                pass
+        self._actors, self._starting = {}, {}
+        if self._owns_ray and self.ray.is_initialized():
+            self.ray.shutdown()
+            self._owns_ray = False
+        if self._cleanup is not None:
+            shutil.rmtree(self._cleanup, ignore_errors=True)
+            self._cleanup = None
+
+
+def factory(comps, run, *, checkpoint: Path | None = None, header: dict | None = None, injected: bool = False,
+            say: Callable[..., None] = print) -> Callable:
+    """The population factory ``engine.train`` calls as ``factory(cfg, params, generator, task)``.
+
+    ``checkpoint``: the checkpoint the driver resumed from; ``header``: the resumed run's seed-log
+    header; ``injected``: the model was handed to ``run_es`` in memory, so the actors load a copy the
+    driver writes to ``<run>/replica_init/`` (after the checkpoint, if any, was loaded into it)."""
+
+    def make(cfg, params, generator, task) -> RayPopulation:
+        _import_ray(cfg.distributed.workers)
+        cleanup = None
+        spec, source = cfg.model.spec, str(checkpoint) if checkpoint else None
+        if injected:
+            target = run.path / "replica_init"
+            shutil.rmtree(target, ignore_errors=True)
+            float32_model(comps.model, params).save_pretrained(target, safe_serialization=True)
+            comps.tokenizer.save_pretrained(target)
+            save_masters(params, target)
+            spec = source = str(target)
+            cleanup = target
+        return RayPopulation(cfg, params, generator, task, spec=spec, checkpoint=source, header=header, cleanup=cleanup,
+                             say=say)
+
+    return make

@@ -1,0 +1,269 @@
+"""The Ray population against the local one: real Ray, real actor processes, real SIGKILL.
+
+The K=2 runs must reach bit-identical weights, fitnesses and seed logs to the local (K=0) run of the
+same config: every member's result is a pure function of (seed, iteration, direction, sign). The
+tiny-model runs sample (temperature 1, the iteration's shared sampling seed); the real-model one is
+greedy, as configs/es-arithmetic.toml.
+Fast tests use a tiny random llama saved as a model directory (the spec every actor loads) and the
+vowel task from conftest (shipped to the actors by value). The real-model comparison is slow.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from evolm import config
+from evolm.es.ray_population import actor_failure, first_mismatch
+
+ITERATIONS = 4
+
+
+# -- pure helpers and config (no Ray) ------------------------------------------------------------------
+
+def test_first_mismatch_names_the_first_differing_tensor():
+    names = ["a", "b", "c"]
+    assert first_mismatch(names, [1, 2, 3], [1, 2, 3]) is None
+    assert first_mismatch(names, [1, 2, 3], [1, 5, 6]) == "b"
+    assert "2 tensors instead of 3" in first_mismatch(names, [1, 2, 3], [1, 2])
+
+
+def test_actor_failure_keeps_the_python_exception_line():
+    text = ("The actor died because of an error raised in its creation task, ray::Replica.__init__()\n"
+            "Traceback (most recent call last):\n  File \"x.py\", line 3, in f\n"
+            "evolm.errors.UserError: model spec 'nope' is not a file\n")
+    assert actor_failure(RuntimeError(text)) == "evolm.errors.UserError: model spec 'nope' is not a file"
+    assert actor_failure(RuntimeError("The actor died unexpectedly before finishing this task.\n\tpid: 3")) == \
+        "The actor died unexpectedly before finishing this task."
+    system = ("The actor died unexpectedly before finishing this task.\n\tclass_name: Replica\n\tactor_id: ab12\n\tpid: 7\n"
+              "\tip: 192.0.2.2\nTask was killed due to the node running low on memory.\nMemory on the node was 23 GB")
+    assert actor_failure(RuntimeError(system)) == "Task was killed due to the node running low on memory."
+
+
+@pytest.mark.parametrize("override, message", [
+    ("distributed.workers=-1", "distributed.workers must be >= 0"),
+    ("distributed.max_restarts=-2", "distributed.max_restarts must be >= 0"),
+    ("distributed.gpus=-0.5", "distributed.gpus must be >= 0"),
+    ("distributed.address='nowhere'", "distributed.address must be"),
+    ("distributed.workerz=2", "did you mean 'workers'"),
+])
+def test_distributed_config_validation_names_the_field(override, message):
+    with pytest.raises(config.ConfigError, match=message):
+        config.from_dict(config.ESJob, {}, [override])
+
+
+def test_cuda_actors_need_a_gpu_reservation():
+    with pytest.raises(config.ConfigError, match="distributed.gpus"):
+        config.from_dict(config.ESJob, {}, ["distributed.workers=2", "model.device='cuda'"])
+    for ok in (["distributed.address='auto'"], ["distributed.address='ray://head:10001'"], ["distributed.address='head-node:6379'"],
+               ["distributed.workers=2", "model.device='cuda'", "distributed.gpus=0.5"]):
+        config.from_dict(config.ESJob, {}, ok)
+
+
+def test_workers_without_ray_installed_is_a_one_line_config_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # what an environment without the distributed extra looks like
+    with pytest.raises(config.ConfigError, match=r"needs Ray: pip install 'evolm\[distributed\]'"):
+        config.from_dict(config.ESJob, {}, ["distributed.workers=2"])
+    config.from_dict(config.ESJob, {}, ["distributed.workers=1"])  # local: no Ray needed
+
+
+# -- real Ray on a tiny model ------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory, tokenizer):
+    from conftest import make_tiny_model
+
+    path = tmp_path_factory.mktemp("tiny") / "model"
+    make_tiny_model(tokenizer).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def ray_instance():
+    """One private Ray instance for the module (run_es uses an initialised Ray as it is)."""
+    import logging
+
+    ray = pytest.importorskip("ray")
+    # Ray's memory monitor kills workers when the *machine* passes 95% memory, whoever holds it; on a
+    # shared developer machine that is other people's jobs. The tests are about evolm, not that policy.
+    os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level=logging.ERROR,
+             object_store_memory=128 * 1024 * 1024)
+    yield ray
+    ray.shutdown()
+
+
+def _cfg(root: Path, spec: Path, workers: int, **overrides) -> config.ESJob:
+    sets = [f"model.spec='{spec}'", f"run.out_dir='{root}'", "run.name='run'", "run.progress=false", "run.checkpoint_every=0",
+            "eval.before_after=false", "generation.max_new_tokens=8", "generation.temperature=1.0",  # sampled: the
+            "es.population=8", "es.prompts_per_iteration=8",  # shared per-iteration seed must reach every actor
+            f"es.iterations={ITERATIONS}", "es.sigma=0.02", "es.lr=0.01", f"distributed.workers={workers}"]
+    sets += [f"{k}={v}" for k, v in overrides.items()]
+    return config.from_dict(config.ESJob, {}, sets)
+
+
+def _run(cfg, task, **kw):
+    from evolm.jobs import run_es
+
+    return run_es(cfg, task=task, quiet=True, **kw)
+
+
+def _final(run) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    state = {}
+    for f in sorted((run.path / "final").glob("*.safetensors")):
+        state.update(load_file(str(f)))
+    return state
+
+
+def _train(run) -> list[dict]:
+    return [r for r in run.metrics() if r.get("kind") == "train"]
+
+
+def _assert_same_run(run, reference):
+    a, b = _final(run), _final(reference)
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+    assert [r["fitness"] for r in _train(run)] == [r["fitness"] for r in _train(reference)]
+    assert run.seed_log() == reference.seed_log()
+
+
+@pytest.fixture(scope="module")
+def local_run(tmp_path_factory, tiny_dir):
+    from conftest import make_vowel_task
+
+    run = _run(_cfg(tmp_path_factory.mktemp("local"), tiny_dir, 0), make_vowel_task())
+    assert "ray_actors" not in _train(run)[0]
+    assert {r["update_status"] for r in _train(run)} == {"applied"}  # the comparison below is about real updates
+    return run
+
+
+@pytest.mark.ray
+def test_two_actors_reach_the_local_weights_bit_for_bit(tmp_path, tiny_dir, local_run, ray_instance, vowel_task):
+    run = _run(_cfg(tmp_path, tiny_dir, 2), vowel_task)
+    _assert_same_run(run, local_run)
+    records = _train(run)
+    assert all(r["ray_actors"] == 2 and r["ray_restarts"] == 0 for r in records)
+    assert all(sum(r["ray_members"].values()) == 8 for r in records)
+    assert any(len(r["ray_members"]) == 2 for r in records)  # both actors took members (dynamic scheduling)
+    assert records[0]["gen_sequences"] == 8 * 8  # cost counters come back from the actors
+
+
+def _descendant_scoring_actor():
+    """A Ray actor process of this test's own Ray instance that is scoring a member right now."""
+    import psutil
+
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if child.cmdline()[:1] == ["ray::Replica.score"]:
+                return child
+        except (psutil.NoSuchProcess, psutil.AccessDenied, IndexError):
+            continue
+    return None
+
+
+@pytest.mark.ray
+def test_an_actor_killed_mid_iteration_is_replaced_and_the_result_is_unchanged(tmp_path, tiny_dir, local_run, ray_instance,
+                                                                                vowel_task):
+    killed = []
+
+    def kill_an_actor_soon(step, record):
+        if step != 1:
+            return
+
+        def hunt():
+            deadline = time.time() + 60
+            while time.time() < deadline and not killed:
+                victim = _descendant_scoring_actor()
+                if victim is not None:
+                    os.kill(victim.pid, signal.SIGKILL)
+                    killed.append(victim.pid)
+                time.sleep(0.005)
+
+        threading.Thread(target=hunt, daemon=True).start()
+
+    run = _run(_cfg(tmp_path, tiny_dir, 2), vowel_task, callbacks=(kill_an_actor_soon,))
+    assert killed, "no scoring actor was found to kill"
+    records = _train(run)
+    assert records[-1]["ray_restarts"] == 1
+    assert sum(r["ray_rescored"] for r in records) >= 1  # the killed actor's member was scored again
+    assert records[-1]["ray_actors"] == 2
+    _assert_same_run(run, local_run)  # the replacement replayed update 1 from the spec: same weights
+
+
+@pytest.mark.ray
+def test_resume_with_actors_loads_the_checkpoint_and_matches(tmp_path, tiny_dir, local_run, ray_instance, vowel_task):
+    from evolm.jobs import run_es
+    from evolm.runs import RunDir
+
+    class Kill(Exception):
+        pass
+
+    def kill_at_3(step, record):
+        if step == 3:
+            raise Kill
+
+    cfg = _cfg(tmp_path, tiny_dir, 2, **{"run.checkpoint_every": 2})
+    with pytest.raises(Kill):
+        _run(cfg, vowel_task, callbacks=(kill_at_3,))
+    run = RunDir.open(tmp_path / "run")
+    assert run.latest_checkpoint()[1]["step"] == 2
+    run_es(cfg, resume=run, task=vowel_task, quiet=True)
+    assert [r["step"] for r in _train(run)] == [1, 2, 3, 4]
+    _assert_same_run(run, local_run)
+
+
+@pytest.mark.ray
+def test_an_actor_with_other_weights_stops_the_run_in_one_line(tmp_path, tiny_dir, tokenizer, ray_instance, vowel_task):
+    # The driver's replica is a different model than the one the actors load from the spec: the
+    # checksum comparison after loading must refuse to start.
+    from conftest import make_tiny_model
+
+    from evolm.es.engine import build_paramset
+    from evolm.es.ray_population import DistributedError, RayPopulation
+
+    cfg = _cfg(tmp_path, tiny_dir, 1)  # one actor is enough (RayPopulation itself takes any K)
+    other = make_tiny_model(tokenizer, seed=1)
+    params = build_paramset(other, cfg)
+    with pytest.raises(DistributedError, match=r"Ray actor 0 on (?!\?)\S+ diverged from the driver's weights after loading "
+                                               r"\(first differing tensor: model\.embed_tokens\.weight\)"):
+        RayPopulation(cfg, params, None, vowel_task, spec=str(tiny_dir), say=lambda *a: None)
+    assert ray_instance.is_initialized()  # a Ray the population did not start is left running
+
+
+# -- the command line, with its own private Ray, on the real model -----------------------------------
+
+@pytest.mark.slow
+@pytest.mark.ci
+@pytest.mark.ray
+def test_cli_with_two_workers_matches_the_local_run_on_the_real_model(tmp_path):
+    repo = Path(__file__).resolve().parents[1]
+    common = ["--config", str(repo / "configs" / "es-arithmetic.toml"), "--set", f"run.out_dir='{tmp_path}'",
+              "--set", "es.iterations=2", "--set", "es.prompts_per_iteration=8", "--set", "es.population=4",
+              "--set", "generation.max_new_tokens=8", "--set", "eval.before_after=false", "--set", "probe.every=0",
+              "--set", "run.checkpoint_every=0", "--set", "run.progress=false"]
+    env = {**os.environ, "PYTHONPATH": str(repo / "src"), "RAY_memory_monitor_refresh_ms": "0"}  # see ray_instance
+    runs = {}
+    for workers in (0, 2):
+        out = subprocess.run([sys.executable, "-m", "evolm", "es", *common, "--set", f"run.name='k{workers}'",
+                              "--set", f"distributed.workers={workers}"], capture_output=True, text=True, env=env, timeout=900)
+        assert out.returncode == 0, out.stderr[-2000:]
+        from evolm.runs import RunDir
+
+        runs[workers] = RunDir.open(tmp_path / f"k{workers}")
+    assert "Ray population: 2 actors" in out.stdout
+    _assert_same_run(runs[2], runs[0])
+    assert json.loads((runs[2].path / "run.json").read_text())["status"] == "finished"
+    assert all(r["ray_actors"] == 2 for r in _train(runs[2]))
