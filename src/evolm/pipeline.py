@@ -106,6 +106,9 @@ class PipelineJob:
     pipeline: PipelineSection = field(default_factory=PipelineSection)
 
     def validate_job(self) -> None:
+        require(self.generation.backend == "hf",
+                f"generation.backend must be hf in a pipeline (got {self.generation.backend}): the vLLM backend "
+                "runs single ES jobs (evolm es); for vLLM rollouts in GRPO stages set grpo.use_vllm = true")
         require(self.model.dtype == "float32",
                 f"model.dtype must be float32 in a pipeline (got {self.model.dtype}): stages hand the weights over in "
                  "memory, and ES keeps float32 masters apart from a lower-precision model")

@@ -6,13 +6,35 @@ from evolm.backends.base import Completion, Generator, SamplingParams
 from evolm.errors import ConfigError
 
 
-def make_generator(backend: str, model, tokenizer, batch_size: int = 32, prefix_cache: bool = True) -> Generator:
-    """Build the backend named in ``generation.backend`` around a loaded model."""
+def make_generator(backend: str, model, tokenizer, batch_size: int = 32, prefix_cache: bool = True, **engine) -> Generator:
+    """Build the backend named in ``generation.backend`` around a loaded model (``engine``: the vLLM
+    engine's options, ``engine_options(cfg)``)."""
     if backend == "hf":
         from evolm.backends.hf import HFGenerator  # torch + transformers: not for code that only reads results
 
         return HFGenerator(model, tokenizer, batch_size=batch_size, prefix_cache=prefix_cache)
-    raise ConfigError(f"generation.backend must be 'hf' (got '{backend}')")
+    if backend == "vllm":
+        from evolm.backends.vllm import VLLMGenerator
+
+        return VLLMGenerator(model, tokenizer, **engine)
+    raise ConfigError(f"generation.backend must be 'hf' or 'vllm' (got '{backend}')")
 
 
-__all__ = ["Completion", "Generator", "SamplingParams", "make_generator"]
+def engine_options(cfg) -> dict:
+    """The vLLM engine's options from a job config (``[model]`` threads, ``[generation]`` vllm_*, the run seed)."""
+    g = cfg.generation
+    return {"threads": cfg.model.threads, "kv_cache_gb": g.vllm_kv_cache_gb, "max_model_len": g.vllm_max_model_len,
+            "enforce_eager": g.vllm_enforce_eager, "seed": cfg.run.seed}
+
+
+def make_generators(cfg, model, tokenizer) -> tuple[Generator, Generator]:
+    """``(training generator, held-out generator)`` for a job config: the held-out one is an HF
+    generator on the same model when ``generation.eval_backend = "hf"`` and training uses another backend."""
+    g = cfg.generation
+    train = make_generator(g.backend, model, tokenizer, g.batch_size, g.prefix_cache, **engine_options(cfg))
+    if g.backend == "hf" or g.eval_backend == "same":
+        return train, train
+    return train, make_generator("hf", model, tokenizer, g.batch_size, g.prefix_cache)
+
+
+__all__ = ["Completion", "Generator", "SamplingParams", "engine_options", "make_generator", "make_generators"]
