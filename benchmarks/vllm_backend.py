@@ -129,9 +129,9 @@ def main() -> None:
         m = res["median_s"]
         print(f"{dtype}: ES iteration HF {m['hf_es']:.1f}s, vLLM {m['vllm_es']:.1f}s (pure vLLM generation {m['vllm_pure']:.1f}s): "
               f"speedup {res['speedup']:.2f} (target >= 2), overhead {res['overhead']:.3f} (target <= 1.10); "
-              f"engine start-up {res['engine_startup_s']:.0f}s")
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2))
+              f"engine start-up {res['engine_startup_s']:.0f}s", flush=True)
+        if args.json:  # after every dtype, so a finished measurement is never lost
+            Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
 
 
 if __name__ == "__main__":
