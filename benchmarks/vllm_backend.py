@@ -12,7 +12,10 @@ starts the vLLM engine, then alternates ``repeats`` times between
   (c) pure vLLM generation of the same members: the iteration's prompts generated once per member at
       the unperturbed weights, with the prefix cache emptied before each member (a member's weights
       differ, so ES cannot reuse another member's KV prefix either): exactly the generation ES must do.
-``speedup`` = median(a) / median(b) (target >= 2); ``overhead`` = median(b) / median(c) (target <= 1.10).
+``speedup`` = median(a) / median(b) (target >= 2); ``overhead`` = median(b) / median(c) (target <= 1.10),
+both from wall time. CPU time is recorded too (this process plus its children: vLLM's engine-core and
+worker processes), since on a shared machine wall time follows the other jobs: ``speedup_cpu`` and
+``overhead_cpu`` are the same ratios in CPU seconds.
 Settings: configs/es-arithmetic.toml (N = 8 one-point, sigma 1e-3, lr 5e-4, 32 prompts of 2-digit
 addition, greedy, <= 16 new tokens, HF batch 64, noise table), one torch/OpenMP thread. float32 gives
 bit-identical ES weights on both backends; bfloat16 generates in bf16 with float32 masters (ES writes
@@ -32,6 +35,20 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def _cpu_seconds() -> float:
+    """User + system CPU seconds of this process and all its descendants (vLLM's engine and worker)."""
+    import psutil
+
+    me = psutil.Process()
+    total = sum(me.cpu_times()[:2])
+    for proc in me.children(recursive=True):
+        try:
+            total += sum(proc.cpu_times()[:2])
+        except psutil.Error:
+            pass
+    return total
 
 
 def child(args) -> dict:
@@ -63,37 +80,43 @@ def child(args) -> dict:
     for gen in (hgen, vgen):
         gen.generate(prompts, sampling)  # warm-up
     times = {"hf_es": [], "vllm_es": [], "vllm_pure": []}
+    cpu = {k: [] for k in times}
     phases = {"hf_es": [], "vllm_es": []}
     fitness = {}
     for r in range(args.repeats):
         for name, pop in populations.items():
-            t = time.perf_counter()
+            t, c = time.perf_counter(), _cpu_seconds()
             scores = pop.score(r, layout, cfg.es.sigma, examples, prompts, sampling)
             t_u = time.perf_counter()
             update = compute_update([f + 1e-3 * i for i, f in enumerate(scores.fitness)], estimator=cfg.es.estimator,
                                     shaping=cfg.es.shaping, lr=cfg.es.lr, sigma=cfg.es.sigma)  # force an update
             pop.apply_update(r, update)
             times[f"{name}_es"].append(time.perf_counter() - t)
+            cpu[f"{name}_es"].append(_cpu_seconds() - c)
             phases[f"{name}_es"].append({**scores.seconds, "update": time.perf_counter() - t_u,
                                          "gen_tokens": scores.gen_tokens})
             fitness.setdefault(name, []).append(scores.fitness)
-        t = time.perf_counter()
+        t, c = time.perf_counter(), _cpu_seconds()
         tokens = 0
         for _ in layout:
             vgen.reset_prefix_cache()
             tokens += sum(c.num_tokens for o in vgen.generate(prompts, sampling) for c in o)
         times["vllm_pure"].append(time.perf_counter() - t)
+        cpu["vllm_pure"].append(_cpu_seconds() - c)
         phases.setdefault("vllm_pure", []).append({"gen_tokens": tokens})
-        print(f"[{args.dtype}] repeat {r}: " + ", ".join(f"{k} {v[-1]:.1f}s" for k, v in times.items()), file=sys.stderr, flush=True)
+        print(f"[{args.dtype}] repeat {r}: " + ", ".join(f"{k} {v[-1]:.1f}s ({cpu[k][-1]:.1f} CPU s)" for k, v in times.items()),
+              file=sys.stderr, flush=True)
     same_weights = None
     if args.dtype == "float32":
         hf_params = dict(model_hf.named_parameters())
         same_weights = all(torch.equal(hf_params[n], p) for n, p in model_vllm.named_parameters())
     vgen.close()
     med = {k: statistics.median(v) for k, v in times.items()}
+    med_cpu = {k: statistics.median(v) for k, v in cpu.items()}
     return {"dtype": args.dtype, "threads": args.threads, "enforce_eager": args.eager, "engine_startup_s": startup,
-            "seconds": times, "median_s": med, "phases": phases, "fitness": fitness,
-            "speedup": med["hf_es"] / med["vllm_es"], "overhead": med["vllm_es"] / med["vllm_pure"],
+            "seconds": times, "median_s": med, "cpu_seconds": cpu, "median_cpu_s": med_cpu, "phases": phases,
+            "fitness": fitness, "speedup": med["hf_es"] / med["vllm_es"], "overhead": med["vllm_es"] / med["vllm_pure"],
+            "speedup_cpu": med_cpu["hf_es"] / med_cpu["vllm_es"], "overhead_cpu": med_cpu["vllm_es"] / med_cpu["vllm_pure"],
             "hf_es_over_vllm_pure": med["hf_es"] / med["vllm_pure"],
             "hf_and_vllm_driver_weights_identical_after_updates": same_weights}
 
@@ -129,6 +152,7 @@ def main() -> None:
         m = res["median_s"]
         print(f"{dtype}: ES iteration HF {m['hf_es']:.1f}s, vLLM {m['vllm_es']:.1f}s (pure vLLM generation {m['vllm_pure']:.1f}s): "
               f"speedup {res['speedup']:.2f} (target >= 2), overhead {res['overhead']:.3f} (target <= 1.10); "
+              f"in CPU seconds: speedup {res['speedup_cpu']:.2f}, overhead {res['overhead_cpu']:.3f}; "
               f"engine start-up {res['engine_startup_s']:.0f}s", flush=True)
         if args.json:  # after every dtype, so a finished measurement is never lost
             Path(args.json).write_text(json.dumps(results, indent=2) + "\n")

@@ -160,7 +160,8 @@ class ESWorkerExtension:
         for name, value in state.items():
             if name.startswith("masters."):
                 if p is not None and p.masters is not None:
-                    p.masters[p.names.index(name[len("masters."):])].copy_(value.view(-1))
+                    master = p.masters[p.names.index(name[len("masters."):])]
+                    master.copy_(value.view_as(master))
                 continue
             view = self._es_views[name]
             view.copy_(value.to(view.dtype))
