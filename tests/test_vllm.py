@@ -24,7 +24,7 @@ from evolm import models  # noqa: E402
 from evolm.backends import SamplingParams  # noqa: E402
 from evolm.backends.hf import HFGenerator  # noqa: E402
 from evolm.backends.vllm import VLLMGenerator  # noqa: E402
-from evolm.backends.vllm_worker import digest  # noqa: E402
+from evolm.backends.vllm import digest  # noqa: E402
 from evolm.es.noise import make_noise  # noqa: E402
 from evolm.es.params import ParamSet  # noqa: E402
 from evolm.tasks import make_task  # noqa: E402

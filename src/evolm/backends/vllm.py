@@ -7,7 +7,7 @@ Design decisions:
   ``final/``, held-out evaluation and the entropy probe, always in HF names). The engine is started from
   a temporary copy of that model (``save_pretrained`` into ``$EVOLM_CACHE/vllm``), so both hold the same
   values; the worker-side mapping of HF tensors onto vLLM's fused parameters is verified against the
-  driver's checksums at set-up (``evolm.backends.vllm_worker``).
+  driver's checksums at set-up (``evolm.es.vllm_worker``).
 - ES through ``EngineParamSet`` (what ``evolm.es.engine.build_paramset`` returns when the generator
   offers ``attach_paramset``): ``perturb``/``restore`` run in the workers only (one RPC with four
   scalars; no weights travel per member); ``apply_update`` runs on the workers and, at the same time in
@@ -33,6 +33,7 @@ Design decisions:
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import tempfile
@@ -44,7 +45,20 @@ import torch
 from evolm.backends.base import Completion, Generator, SamplingParams
 from evolm.seeding import derive_seed
 
-WORKER = "evolm.backends.vllm_worker"
+WORKER = "evolm.es.vllm_worker"  # vLLM imports it in its worker processes; never imported here
+
+
+_INT_VIEW = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
+
+
+def checksum(tensor: torch.Tensor) -> int:
+    """The int64 sum of a float tensor's bit patterns: equal for bit-identical tensors."""
+    return int(tensor.contiguous().view(_INT_VIEW[tensor.dtype]).sum(dtype=torch.int64))
+
+
+def digest(tensor: torch.Tensor) -> str:
+    """SHA-256 of a tensor's bytes."""
+    return hashlib.sha256(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
 
 
 def vllm_available() -> bool:
@@ -113,8 +127,6 @@ class VLLMGenerator(Generator):
         self.llm.reset_prefix_cache()
 
     def _check_mapping(self) -> None:
-        from evolm.backends.vllm_worker import checksum
-
         params = _hf_parameters(self.model)
         wrong = [n for n in self._names if checksum(params[n].detach().cpu()) != self._engine_sums[n]]
         if wrong:
@@ -257,8 +269,6 @@ class EngineParamSet:
 
     def apply_update(self, iteration: int, coefficients, scale: float) -> None:
         """Update the workers and the driver's model side by side; stop if they end up different."""
-        from evolm.backends.vllm_worker import checksum
-
         if self._perturbed is not None:
             raise RuntimeError("apply_update() while perturbed; restore() first")
         coefficients = [float(c) for c in coefficients]

@@ -92,7 +92,7 @@ class ParamSet:
     @classmethod
     def from_tensors(cls, noise: NoiseSource, indices: list[int], names: list[str], tensors: list[torch.Tensor]) -> "ParamSet":
         """A ParamSet over tensors chosen by the caller, e.g. views into an inference engine's fused
-        parameters (``evolm.backends.vllm_worker``): with the same indices and noise, a member's weights
+        parameters (``evolm.es.vllm_worker``): with the same indices and noise, a member's weights
         come out bit-identical to those of the ParamSet over the Hugging Face model."""
         self = cls.__new__(cls)
         self._setup(noise, list(indices), list(names), list(tensors))

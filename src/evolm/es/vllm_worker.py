@@ -1,6 +1,7 @@
 """ES inside vLLM's workers: perturb / restore / update the engine's own weights, addressed by Hugging
 Face names, with the same ``ParamSet`` arithmetic as the HF backend. Imported by vLLM in its worker
-process (``worker_extension_cls``, and on CPU ``worker_cls``); the driver side is ``evolm.backends.vllm``.
+process (``worker_extension_cls``, and on CPU ``worker_cls``); the driver side is ``evolm.backends.vllm``. It lives in ``evolm.es`` because it
+runs ES; ``evolm.backends.vllm`` names it to vLLM by its qualified name and never imports it.
 
 Design decisions:
 
@@ -30,25 +31,11 @@ Design decisions:
 
 from __future__ import annotations
 
-import hashlib
-
 import torch
 
+from evolm.backends.vllm import checksum, digest
 from evolm.es.noise import noise_from_header
 from evolm.es.params import ParamSet
-
-_INT_VIEW = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
-
-
-def checksum(tensor: torch.Tensor) -> int:
-    """The int64 sum of a float tensor's bit patterns: equal for bit-identical tensors."""
-    return int(tensor.contiguous().view(_INT_VIEW[tensor.dtype]).sum(dtype=torch.int64))
-
-
-def digest(tensor: torch.Tensor) -> str:
-    """SHA-256 of a tensor's bytes."""
-    return hashlib.sha256(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
-
 
 class LayoutError(RuntimeError):
     """A Hugging Face tensor has no slice of the same shape in the vLLM model."""
