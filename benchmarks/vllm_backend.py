@@ -58,7 +58,8 @@ def child(args) -> dict:
     from evolm.backends.base import SamplingParams
     from evolm.backends.hf import HFGenerator
     from evolm.backends.vllm import VLLMGenerator
-    from evolm.es.engine import LocalPopulation, build_paramset, training_batch
+    from evolm.es.engine import build_paramset, training_batch
+    from evolm.es.population import LocalPopulation
     from evolm.es.update import compute_update, member_layout
     from evolm.tasks import make_task
 
@@ -73,7 +74,7 @@ def child(args) -> dict:
     startup = time.perf_counter() - t0
     hgen = HFGenerator(model_hf, tokenizer, batch_size=cfg.generation.batch_size)
     populations = {"hf": LocalPopulation(build_paramset(model_hf, cfg), hgen, task),
-                   "vllm": LocalPopulation(build_paramset(model_vllm, cfg, vgen), vgen, task)}
+                   "vllm": LocalPopulation(build_paramset(model_vllm, cfg, generator=vgen), vgen, task)}
     layout = member_layout(cfg.es.estimator, cfg.es.population)
     examples, prompts = training_batch(task, tokenizer, 0, 0, cfg.es.prompts_per_iteration)
     sampling = SamplingParams(n=1, temperature=0.0, max_new_tokens=cfg.generation.max_new_tokens)
