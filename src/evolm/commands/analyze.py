@@ -354,7 +354,7 @@ def _es_setup(args, split: str):
     model, tokenizer = models.load(spec, dtype=cfg.model.dtype, threads=cfg.model.threads, device=cfg.model.device)
     generator = make_generator(cfg.generation.backend, model, tokenizer, cfg.generation.batch_size,
                                cfg.generation.prefix_cache, **engine_options(cfg))
-    params = build_paramset(model, cfg, generator)  # a vLLM generator perturbs its own weights
+    params = build_paramset(model, cfg, generator=generator)  # a vLLM generator perturbs its own weights
     return cfg, spec, model, tokenizer, task_obj, params, generator
 
 
