@@ -250,6 +250,15 @@ class EngineParamSet:
     def largest_numel(self) -> int:
         return self.local.largest_numel
 
+    @property
+    def layout(self):
+        return self.local.layout
+
+    @property
+    def perturb_path(self) -> str:
+        """The perturbation path (fused kernel or torch ops): the driver's and the worker's run the same code."""
+        return self.local.perturb_path
+
     def state_dict(self) -> dict[str, torch.Tensor]:
         return self.local.state_dict()
 
