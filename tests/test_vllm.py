@@ -159,11 +159,12 @@ def test_weights_changed_outside_es_are_pushed(setup):
 
 def test_es_cli_end_to_end_two_iterations(tmp_path):
     """``evolm es --set generation.backend="vllm"``: a real run; final/ in HF names; the seed log replays
-    the final weights bit for bit on the base model with the HF-side ParamSet."""
+    the final weights bit for bit on the base model with the HF-side ParamSet. sigma 0.02 makes the
+    members' greedy completions differ (at 1e-3 all four members scored the same and no update applied)."""
     out = tmp_path / "runs"
     cmd = [sys.executable, "-m", "evolm", "es", "--config", str(ROOT / "configs" / "es-arithmetic.toml"),
            "--set", 'generation.backend="vllm"', "--set", "es.iterations=2", "--set", "es.population=4",
-           "--set", "es.prompts_per_iteration=8", "--set", "eval.before_after=false", "--set", "probe.every=0",
+           "--set", "es.prompts_per_iteration=8", "--set", "es.sigma=0.02", "--set", "eval.before_after=false", "--set", "probe.every=0",
            "--set", "run.checkpoint_every=1", "--set", f'run.out_dir="{out}"', "--set", 'run.name="vllm-e2e"',
            "--set", "run.progress=false"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
