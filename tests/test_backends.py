@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from evolm.backends.base import SamplingParams
 from evolm.backends.hf import HFGenerator
 
@@ -34,3 +36,25 @@ def test_short_or_missing_common_prefix_uses_plain_padding(tiny_model, tokenizer
     gen = HFGenerator(tiny_model, tokenizer, batch_size=8)
     assert "past_key_values" not in gen._encode(["Hello there", "Completely different"])
     assert "past_key_values" not in gen._encode([PROMPTS[0]])  # a single prompt has nothing to share
+
+
+def test_vllm_backend_is_a_config_choice_and_explains_a_missing_install(tiny_model, tokenizer):
+    import importlib.util
+
+    from evolm import config
+    from evolm.backends import make_generator
+    from evolm.errors import ConfigError, UserError
+
+    cfg = config.from_dict(config.ESJob, {}, ["generation.backend='vllm'", "generation.vllm_kv_cache_gb=0.5"])
+    assert cfg.generation.backend == "vllm" and cfg.generation.eval_backend == "hf"
+    with pytest.raises(ConfigError, match="generation.backend"):
+        config.from_dict(config.ESJob, {}, ["generation.backend='sglang'"])
+    with pytest.raises(ConfigError, match="generation.vllm_kv_cache_gb"):
+        config.from_dict(config.ESJob, {}, ["generation.vllm_kv_cache_gb=0"])
+    with pytest.raises(ConfigError, match="generation.backend must be hf in a pipeline"):
+        from evolm.pipeline import PipelineJob
+
+        config.from_dict(PipelineJob, {}, ["generation.backend='vllm'"])
+    if importlib.util.find_spec("vllm") is None:  # the main environment: one line naming the fix
+        with pytest.raises(UserError, match="make vllm"):
+            make_generator("vllm", tiny_model, tokenizer)

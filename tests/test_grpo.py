@@ -93,6 +93,8 @@ def test_config_defaults_and_describe():
     ("grpo.temperature=0", "grpo.temperature"),
     ("grpo.scale_rewards='std'", "grpo.scale_rewards"),
     ("model.device='cuda:1'", "model.device"),
+    ("generation.backend='vllm'", "generation.backend"),
+    ("grpo.vllm_gpu_memory_utilization=1.5", "grpo.vllm_gpu_memory_utilization"),
 ])
 def test_config_errors_name_the_field(override, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
@@ -111,6 +113,17 @@ def test_trl_args_are_explicit_and_accepted_by_trl(tmp_path):
     assert kw["report_to"] == "none" and kw["save_strategy"] == "no" and kw["logging_steps"] == 1
     args = GRPOConfig(**kw)
     assert args.generation_batch_size == 12 and args.steps_per_generation == 2 and args.max_steps == 2
+
+
+def test_trl_vllm_options_pass_through(tmp_path):
+    from trl import GRPOConfig
+
+    cfg = tiny_cfg(tmp_path)
+    cfg.grpo.use_vllm, cfg.grpo.vllm_mode, cfg.grpo.vllm_gpu_memory_utilization = True, "colocate", 0.25
+    kw = grpo.trl_args(cfg, str(tmp_path / "trl"))
+    assert (kw["use_vllm"], kw["vllm_mode"], kw["vllm_gpu_memory_utilization"]) == (True, "colocate", 0.25)
+    args = GRPOConfig(**kw)
+    assert args.use_vllm and args.vllm_mode == "colocate" and args.vllm_gpu_memory_utilization == 0.25
 
 
 # -- data and reward -----------------------------------------------------------------------------------

