@@ -524,5 +524,6 @@ def test_the_kernel_is_built_before_the_timed_loop_also_on_resume(tmp_path, toke
                generator=HFGenerator(model, tokenizer, 16), quiet=True)
     finally:
         fused.kernel.cache_clear()
-    record = run.train_records()[-1]
-    assert record["step"] == 2 and record["seconds_perturb"] < 3 and run.seed_log()[0]["perturb"]["path"] == "kernel"
+    records = run.train_records()
+    assert [r["step"] for r in records] == [1, 2] and run.seed_log()[0]["perturb"]["path"] == "kernel"
+    assert all(r["seconds_perturb"] < 3 for r in records), [r["seconds_perturb"] for r in records]

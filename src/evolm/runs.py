@@ -59,7 +59,7 @@ from typing import Any, Callable, Sequence
 
 from evolm import __version__
 from evolm.errors import UserError
-from evolm.models import quiet_transformers
+from evolm.models import quiet_transformers, unreadable_as_user_error
 
 
 _UMASK = os.umask(0)
@@ -528,8 +528,9 @@ def load_weights(model, directory: Path) -> None:
     if not files:
         raise FileNotFoundError(f"no safetensors weights in {directory}")
     state = {}
-    for f in files:
-        state.update(load_file(str(f)))
+    with unreadable_as_user_error(str(directory)):  # a damaged file: one line naming it, not a traceback
+        for f in files:
+            state.update(load_file(str(f)))
     missing, unexpected = model.load_state_dict(state, strict=False)
     tied = {n for n, p in model.named_parameters(remove_duplicate=False)} - {n for n, p in model.named_parameters()}
     if unexpected or set(missing) - tied:

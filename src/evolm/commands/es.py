@@ -10,7 +10,10 @@ def register(sub) -> None:
                        description="Run ES post-training. Writes runs/<name>/ with the resolved config, metrics.jsonl, "
                                    "seed_log.jsonl, checkpoints/ and final/.")
     add_config_args(p)
-    p.add_argument("--resume", metavar="RUN_DIR", help="continue a killed run from its newest checkpoint (bit-identical result)")
+    p.add_argument("--resume", metavar="RUN_DIR",
+                   help="continue a stopped run from its newest checkpoint (bit-identical result), or a finished one "
+                        "from final/ with a larger --set es.iterations=N; only the budget and how the run executes "
+                        "may change (docs/reliability.md)")
     p.set_defaults(func=run)
 
 
