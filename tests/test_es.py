@@ -462,7 +462,7 @@ def test_cli_reports_user_errors_in_one_line(tmp_path, capsys):
     bad.write_text("[es]\nsigma = -1\n")
     assert main(["es", "--config", str(bad)]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == "evolm: error: es.sigma must be > 0 (got -1.0)"
+    assert err == "evolm: error: es.sigma must be > 0 and <= 10 (got -1.0)"
     assert main(["es", "--config", str(tmp_path / "missing.toml")]) == 2
     assert "does not exist" in capsys.readouterr().err
 

@@ -120,6 +120,8 @@ class Resumable:
     """Fields besides ``config.RESUME_MAY_CHANGE`` and the budget that a resume may change."""
     from_final: bool = False
     """The loop can continue from ``final/`` (ES: weights are the whole state); else only from a checkpoint."""
+    where: str = ""
+    """How to say where a resume continues, when not from one checkpoint (pipelines: stage by stage)."""
 
 
 ES_RESUME = Resumable("es.iterations", from_final=True)
@@ -201,7 +203,8 @@ def open_run(cfg, kind: str, *, resume: RunDir | str | Path | None = None, run_d
         run.truncate_after(start.step)  # a resume without checkpoint keeps the step-0 measurements
         run.update_info(status="running", resumed_from_step=start.step, **this_process())
         changed = ", ".join(f"{k} {_show(v['old'])} -> {_show(v['new'])}" for k, v in changes.items())
-        say(f"[evolm] resuming {run.path} from {start.describe()}" + (f"; changed: {changed}" if changed else ""))
+        say(f"[evolm] resuming {run.path} {rules.where or 'from ' + start.describe()}"
+            + (f"; changed: {changed}" if changed else ""))
         return run, start
     if run_dir is not None:
         path = Path(run_dir.path if isinstance(run_dir, RunDir) else run_dir)

@@ -67,7 +67,8 @@ from evolm.seeding import seed31
 METHODS = ("grpo", "es")
 """Methods a stage can run."""
 KIND = "pipeline"
-RESUME = jobs.Resumable("pipeline.budget", may_change=("pipeline.stages", "pipeline.interleave"), from_final=True)
+RESUME = jobs.Resumable("pipeline.budget", may_change=("pipeline.stages", "pipeline.interleave"), from_final=True,
+                        where="stage by stage (finished stages are skipped, the interrupted one resumes)")
 """A resume may grow the budget and re-plan stages that have not finished (``_check_plan_on_resume``)."""
 
 

@@ -219,13 +219,14 @@ class ParamSet:
     def _provably_finite(self, coefficients: list[float], scale: float) -> bool:
         """Whether ``max |theta| + |scale| * sum |c| * max |eps|`` stays below half of every finite range involved."""
         step = abs(scale) * sum(abs(c) for c in coefficients) * self.noise.max_abs()
+        peaks, limits = [], []
         for k, live in enumerate(self.tensors):
             target = self.masters[k] if self.masters is not None else live
-            limit = 0.5 * min(torch.finfo(torch.float32).max, torch.finfo(live.dtype).max)
-            lo, hi = torch.aminmax(target)
-            if not max(-float(lo), float(hi)) + step <= limit:  # also False for NaN
-                return False
-        return True
+            lo, hi = torch.aminmax(target.detach())
+            peaks.append(torch.maximum(-lo, hi).float())
+            limits.append(0.5 * min(torch.finfo(torch.float32).max, torch.finfo(live.dtype).max))
+        peaks = torch.stack(peaks).tolist()  # one device transfer for all tensors
+        return all(p + step <= limit for p, limit in zip(peaks, limits))  # also False for NaN
 
     def _add_update(self, iteration: int, coefficients: list[float], scale: float, write: bool) -> bool:
         """Add the update (``write``), or only check that every new value would be finite (returns False if not)."""
