@@ -157,12 +157,13 @@ def append_jsonl(path: str | Path, record: dict) -> None:
 # -- who is writing a run ------------------------------------------------------------------------------
 
 def _process_start(pid: int) -> str | None:
-    """The start time of process ``pid`` (Linux ``/proc``; None where unknown), which tells a live
-    process from a later one that reused its pid."""
+    """The start time of live process ``pid`` (Linux ``/proc``), which tells it from a later process
+    that reused its pid; None when there is no such process, it is a zombie, or it cannot be known."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
         return None
+    return fields[19] if len(fields) > 19 and fields[0] not in ("Z", "X") else None
 
 
 def this_process() -> dict:
