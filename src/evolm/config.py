@@ -23,6 +23,7 @@ import dataclasses
 import difflib
 import inspect
 import json
+import math
 import re
 import tomllib
 import types
@@ -44,6 +45,17 @@ from evolm.tasks import TASKS
 
 TRACKERS = ("tensorboard", "wandb")
 """The experiment trackers ``run.report_to`` can name (``evolm.trackers``)."""
+
+# Upper bounds of numeric fields whose larger values can only be a typo (every float field must also be
+# finite: ``_coerce`` refuses inf and nan). A run with es.lr = inf "finished" with every weight NaN.
+MAX_SIGMA = 10.0
+"""es.sigma: perturbations are ~1e-3 of weights that are ~0.05; 10 already replaces the model by noise."""
+MAX_ES_LR = 100.0
+"""es.lr: Qiu et al. use 5e-4."""
+MAX_TEMPERATURE = 100.0
+"""Sampling temperatures: beyond ~2 text is already uniform noise."""
+MAX_TABLE = 2**33
+"""es.noise_table_size: 2^33 float32 entries are 32 GiB."""
 
 
 @dataclass
@@ -73,6 +85,7 @@ class RunConfig:
 
     def validate(self, p: str) -> None:
         require(bool(self.name.strip()), f"{p}.name must not be empty")
+        require(0 <= self.seed < 2**63, f"{p}.seed must be an integer in [0, 2^63) (got {self.seed})")
         require(self.checkpoint_every >= 0, f"{p}.checkpoint_every must be >= 0 (got {self.checkpoint_every})")
         require(self.keep_checkpoints >= 1, f"{p}.keep_checkpoints must be >= 1 (got {self.keep_checkpoints})")
         bad = [t for t in self.report_to if t not in TRACKERS]
@@ -153,7 +166,8 @@ class GenerationConfig:
     def validate(self, p: str) -> None:
         require(self.batch_size >= 1, f"{p}.batch_size must be >= 1 (got {self.batch_size})")
         require(self.max_new_tokens >= 1, f"{p}.max_new_tokens must be >= 1 (got {self.max_new_tokens})")
-        require(self.temperature >= 0, f"{p}.temperature must be >= 0 (got {self.temperature})")
+        require(0 <= self.temperature <= MAX_TEMPERATURE,
+                f"{p}.temperature must be in [0, {MAX_TEMPERATURE:g}] (got {self.temperature})")
         require(0 < self.top_p <= 1, f"{p}.top_p must be in (0, 1] (got {self.top_p})")
         require(self.vllm_kv_cache_gb > 0, f"{p}.vllm_kv_cache_gb must be > 0 (got {self.vllm_kv_cache_gb})")
         require(self.vllm_max_model_len >= 16, f"{p}.vllm_max_model_len must be >= 16 (got {self.vllm_max_model_len})")
@@ -193,10 +207,11 @@ class ESConfig:
         require(self.population >= 2, f"{p}.population must be >= 2 (got {self.population})")
         if self.estimator == "antithetic":
             require(self.population % 2 == 0, f"{p}.population must be even for the antithetic estimator (got {self.population})")
-        require(self.sigma > 0, f"{p}.sigma must be > 0 (got {self.sigma})")
-        require(self.lr > 0, f"{p}.lr must be > 0 (got {self.lr})")
+        require(0 < self.sigma <= MAX_SIGMA, f"{p}.sigma must be > 0 and <= {MAX_SIGMA:g} (got {self.sigma})")
+        require(0 < self.lr <= MAX_ES_LR, f"{p}.lr must be > 0 and <= {MAX_ES_LR:g} (got {self.lr})")
         require(self.prompts_per_iteration >= 1, f"{p}.prompts_per_iteration must be >= 1 (got {self.prompts_per_iteration})")
-        require(self.noise_table_size >= 0, f"{p}.noise_table_size must be >= 0 (got {self.noise_table_size})")
+        require(0 <= self.noise_table_size <= MAX_TABLE,
+                f"{p}.noise_table_size must be in [0, 2^33] (got {self.noise_table_size})")
         require(self.eval_center_every >= 0, f"{p}.eval_center_every must be >= 0 (got {self.eval_center_every})")
         bad = [c for c in self.params if c not in CATEGORIES + ("all",)]
         require(not bad and bool(self.params), f"{p}.params must be a non-empty list of {('all',) + CATEGORIES} (got {self.params})")
@@ -230,7 +245,8 @@ class EvalConfig:
 
     def validate(self, p: str) -> None:
         _validate_heldout(self, p)
-        require(self.temperature >= 0, f"{p}.temperature must be >= 0 (got {self.temperature})")
+        require(0 <= self.temperature <= MAX_TEMPERATURE,
+                f"{p}.temperature must be in [0, {MAX_TEMPERATURE:g}] (got {self.temperature})")
         if self.task:
             require(self.task in TASKS, f"{p}.task must be one of {sorted(TASKS)} (got '{self.task}')")
 
@@ -314,7 +330,8 @@ class ProbeConfig:
     def validate(self, p: str) -> None:
         require(self.every >= 0, f"{p}.every must be >= 0 (got {self.every})")
         _validate_heldout(self, p)
-        require(self.temperature > 0, f"{p}.temperature must be > 0 (entropy and pass@k need sampling; got {self.temperature})")
+        require(0 < self.temperature <= MAX_TEMPERATURE,
+                f"{p}.temperature must be > 0 and <= {MAX_TEMPERATURE:g} (entropy and pass@k need sampling; got {self.temperature})")
         if self.task and self.every:
             require(self.task in TASKS, f"{p}.task must be one of {sorted(TASKS)} (got '{self.task}')")
 
@@ -403,6 +420,8 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{path} must be a number (got {value!r})")
+        if not math.isfinite(value):  # TOML and --set accept inf and nan; no field means them
+            raise ConfigError(f"{path} must be a finite number (got {value!r})")
         return float(value)
     if tp is str:
         if not isinstance(value, str):
@@ -509,6 +528,48 @@ def to_dict(cfg) -> dict:
 def to_toml(cfg) -> str:
     """The resolved config as TOML (None values are omitted: TOML has no null)."""
     return tomli_w.dumps(_drop_none(to_dict(cfg)))
+
+
+# --------------------------------------------------------------------------------------------------
+# resume: which fields a resume may change
+
+
+RESUME_MAY_CHANGE = ("run.name", "run.out_dir", "run.checkpoint_every", "run.keep_checkpoints", "run.progress",
+                     "model.threads", "model.device", "generation.batch_size", "generation.prefix_cache",
+                     "eval.before_after", "probe.every", "run.save", "run.save_dtype", "run.report_to",
+                     "run.tracker_project", "run.wandb_mode", "distributed.workers", "distributed.address",
+                     "distributed.threads", "distributed.gpus", "distributed.max_restarts",
+                     "generation.vllm_kv_cache_gb", "generation.vllm_max_model_len", "generation.vllm_enforce_eager")
+"""Fields ``--resume`` may change besides a job's budget: where, how often and in what dtype the run saves,
+where its metrics go, how it runs (threads, device, generation batch, Ray workers, vLLM engine sizes; a
+Ray population is bit-identical to a local one), whether it still measures. Every other field describes how the
+updates already made were computed or measured (seed, model, task, reward, noise, sigma, learning
+rate, sampling, held-out set), so changing it on resume would make ``config.toml`` lie about the run."""
+
+
+def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):  # an empty table has no leaves: same as absent
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def config_changes(before: dict, cfg) -> dict[str, dict]:
+    """The fields whose value in job config ``cfg`` differs from ``before`` (a run's ``config.toml`` as
+    a dict): ``{"es.sigma": {"old": 0.001, "new": 0.002}, ...}``, nested tables compared key by key. A
+    field ``before`` lacks (older evolm, or None omitted from TOML) counts as its default."""
+    merged = to_dict(type(cfg)())
+    for section, fields in before.items():
+        if isinstance(fields, dict) and isinstance(merged.get(section), dict):
+            merged[section].update(fields)
+        else:
+            merged[section] = fields
+    old, new = _flatten(merged), _flatten(to_dict(cfg))
+    return {k: {"old": old.get(k), "new": new.get(k)} for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)}
 
 
 def field_docs(cls) -> dict[str, str]:

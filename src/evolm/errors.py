@@ -7,3 +7,8 @@ class UserError(Exception):
 
 class ConfigError(UserError):
     """A config field is missing, unknown, of the wrong type or out of range."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler stopping the job), raised by the CLI's handler so it stops a run exactly as
+    Ctrl-C does: the run is marked interrupted and can be resumed."""

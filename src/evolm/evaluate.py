@@ -51,7 +51,7 @@ from evolm import metrics, models
 from evolm.console import progress_bar
 from evolm.errors import UserError
 from evolm.markdown import table
-from evolm.runs import atomic_write_json, atomic_write_text
+from evolm.runs import atomic_write_json, atomic_write_text, to_json
 from evolm.seeding import ids_seed
 from evolm.tasks import make_task
 from evolm.tasks.canonical import canonical_text
@@ -188,7 +188,7 @@ class CacheTable:
         for example_id, prompt, comps in items:
             key = (str(example_id), _sha(prompt))
             self.entries[key] = comps
-            lines.append(json.dumps({"id": key[0], "prompt": key[1], "completions": [
+            lines.append(to_json({"id": key[0], "prompt": key[1], "completions": [
                 {"text": c.text, "num_tokens": c.num_tokens, "entropy": c.entropy, "finished": c.finished} for c in comps]}))
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "a+b") as f:

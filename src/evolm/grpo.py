@@ -61,7 +61,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal
 
-from evolm.config import EvalConfig, GenerationConfig, ModelConfig, ProbeConfig, RunConfig, TaskConfig, require
+from evolm.config import (MAX_TEMPERATURE, EvalConfig, GenerationConfig, ModelConfig, ProbeConfig, RunConfig, TaskConfig,
+                          require)
 from evolm.errors import UserError
 from evolm.heldout import probe_record
 from evolm.runs import RunDir, TrainResult, save_model_dir, train_record
@@ -122,12 +123,13 @@ class GRPOSection:
 
     def validate(self, p: str) -> None:
         require(self.steps >= 1, f"{p}.steps must be >= 1 (got {self.steps})")
-        require(self.lr > 0, f"{p}.lr must be > 0 (got {self.lr})")
+        require(0 < self.lr <= 1, f"{p}.lr must be > 0 and <= 1 (got {self.lr})")
         require(self.loss_type in LOSS_TYPES, f"{p}.loss_type must be one of {list(LOSS_TYPES)} (got '{self.loss_type}')")
         require(self.beta >= 0, f"{p}.beta must be >= 0 (got {self.beta})")
         require(self.num_generations >= 2, f"{p}.num_generations must be >= 2: GRPO compares completions within a group (got {self.num_generations})")
         require(self.prompts_per_step >= 1, f"{p}.prompts_per_step must be >= 1 (got {self.prompts_per_step})")
-        require(self.temperature > 0, f"{p}.temperature must be > 0: GRPO samples its rollouts (got {self.temperature})")
+        require(0 < self.temperature <= MAX_TEMPERATURE,
+                f"{p}.temperature must be > 0 and <= {MAX_TEMPERATURE:g}: GRPO samples its rollouts (got {self.temperature})")
         require(0 < self.top_p <= 1, f"{p}.top_p must be in (0, 1] (got {self.top_p})")
         require(self.max_completion_length >= 1, f"{p}.max_completion_length must be >= 1 (got {self.max_completion_length})")
         require(self.gradient_accumulation_steps >= 1,
@@ -378,12 +380,20 @@ def training_examples(cfg: GRPOJob, task) -> list:
     return examples
 
 
-def check_resumable(start) -> None:
-    """A GRPO checkpoint must hold the Trainer's resume files besides the weights."""
+def check_resumable(start, old_config: dict | None = None, cfg: GRPOJob | None = None) -> None:
+    """A GRPO checkpoint must hold the Trainer's resume files besides the weights, and a budget may grow
+    only on a constant learning rate (a linear or cosine schedule spans ``steps``: a new budget would
+    change the learning rate of the updates already made)."""
     if start.checkpoint is not None:
         missing = [f for f in TRAINER_FILES if not (start.checkpoint / f).exists()]
         if missing:
             raise UserError(f"checkpoint {start.checkpoint} lacks {', '.join(missing)}; it cannot be resumed faithfully")
+    if cfg is not None and old_config is not None and cfg.grpo.lr_scheduler != "constant":
+        old_steps = (old_config.get("grpo") or {}).get("steps", cfg.grpo.steps)
+        if old_steps != cfg.grpo.steps:
+            raise UserError(f"grpo.steps cannot change on resume with grpo.lr_scheduler = '{cfg.grpo.lr_scheduler}' "
+                            f"(the schedule spans {old_steps} steps, and updates already made followed it); resume "
+                            f"with grpo.steps = {old_steps}")
 
 
 def _make_callback(trainer_ref: dict, run: RunDir, cfg: GRPOJob, meter: RolloutMeter, totals: dict, probe,

@@ -169,6 +169,18 @@ def evaluate_like(run_path, model_spec: str | None = None, *, dtype: str | None 
     }
 
 
+def check_measurements(cfg, train_task, probe_given: bool = False) -> None:
+    """Build the held-out tasks ``[eval]`` (when ``eval.before_after``) and ``[probe]`` (when probing,
+    unless a probe is handed in) and draw their problems, so a missing data file or a bad task
+    parameter is reported before a run directory exists rather than after it."""
+    if cfg.eval.before_after:
+        task = _task_for(cfg.eval.task, cfg.eval.params, train_task, cfg.task.reward)
+        task.examples("test", cfg.eval.count, seed=seed31(cfg.run.seed, "heldout", task.name))
+    if cfg.probe.every and not probe_given:
+        task = _task_for(cfg.probe.task, cfg.probe.params, train_task, cfg.task.reward)
+        task.examples("test", cfg.probe.count, seed=seed31(seed31(cfg.run.seed, "probe"), "heldout", task.name))
+
+
 def make_probe(cfg, tokenizer, generator, train_task) -> Callable[[object, int], dict] | None:
     """The periodic held-out probe described by ``cfg.probe`` (None when ``probe.every == 0``)."""
     pr = cfg.probe

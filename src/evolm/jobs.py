@@ -11,16 +11,24 @@ Design decisions:
 - Everything that can be checked is checked before the run directory is created: the config, the
   task and its data, the model spec, and (ES) the parameter selection. A bad input leaves no
   half-written directory behind.
-- ``open_run`` creates a run directory, or reopens one to resume: the kind must match, the resolved
-  config (with the overrides given on resume) is written back, records newer than the newest
-  checkpoint are dropped, and the method's loop continues from ``Start`` (step, checkpoint, state).
+- ``open_run`` creates a run directory, or reopens one to resume. A resume never changes the past and
+  never moves the run backwards (``resume_point`` checks everything before any file changes): the kind
+  must match; a field other than the budget and the operational ones
+  (``config.RESUME_MAY_CHANGE``) may not change; the budget may not fall below the updates already
+  logged; a finished run with the same budget has nothing to do (nothing is rewritten), and with a
+  larger one it is extended from ``final/`` (ES: bit-identical to having run longer) or from a
+  checkpoint of its last update (GRPO needs the optimizer state), else refused. What a kill left
+  half-written is cleaned first; a live process still writing the run is refused. The resolved config
+  is written back and appended to ``config_history.jsonl`` with the fields the resume changed,
+  records newer than the starting point are dropped, and the method's loop continues from ``Start``.
 - ``start_measurements`` takes the held-out evaluation before training and the step-0 probe, once
   (a resume that already logged them does not measure them again; a sweep can hand in a shared
   ``eval_before``); ``finish_run`` takes the final probe (unless logged), saves ``final/``, the
   evaluation after training and the plots, and marks the run finished.
-- ``marking_failures`` records how a run stopped: ``interrupted`` (Ctrl-C, SIGTERM as SystemExit) or
-  ``failed`` with the error, and the last step logged, so ``run.json`` never says ``running`` for a
-  run that is not.
+- ``marking_failures`` records how a run stopped: ``interrupted`` (Ctrl-C; SIGTERM, which the CLI
+  turns into ``errors.Terminated``, a KeyboardInterrupt) or ``failed`` with the error, and the last
+  step logged, so ``run.json`` never says ``running`` for a run that is not (also on a full disk:
+  ``RunDir.update_info`` falls back to an in-place write).
 - ``tracking`` opens the experiment trackers of ``run.report_to`` (``evolm.trackers``) as a listener of
   the run directory, so every record ``log_metrics`` writes reaches them, and closes them with the
   run's outcome. A job prints its run directory as soon as it exists (its first line), so a killed
@@ -51,9 +59,9 @@ from evolm.console import Say, say_for
 from evolm.errors import UserError
 from evolm.es import engine as es_engine
 from evolm.es import ray_population
-from evolm.heldout import heldout_eval, make_probe, probe_record
+from evolm.heldout import check_measurements, heldout_eval, make_probe, probe_record
 from evolm.plots import plot_training
-from evolm.runs import RunDir, TrainResult, atomic_write_text, peak_rss_mb, save_model_dir
+from evolm.runs import RunDir, TrainResult, atomic_write_text, peak_rss_mb, save_model_dir, this_process, writer_alive
 from evolm.tasks import make_task
 from evolm.tasks.base import Task
 
@@ -76,11 +84,21 @@ class Components:
 
 @dataclass
 class Start:
-    """Where a run's training loop starts: step 0, or the newest checkpoint of a resumed run."""
+    """Where a run's training loop starts: step 0, the newest checkpoint of a resumed run, or ``final/``
+    of a finished run being extended."""
 
     step: int = 0
     checkpoint: Path | None = None
+    """The directory whose weights (and state) the loop loads first: a checkpoint or ``final/``."""
     state: dict = field(default_factory=dict)
+    done: bool = False
+    """The run has finished with this budget already: nothing to train, nothing is rewritten."""
+
+    def describe(self) -> str:
+        if self.checkpoint is None:
+            return "the start (no checkpoint)" if self.step == 0 else f"update {self.step}"
+        where = "final/" if self.checkpoint.name == "final" else f"checkpoint {self.checkpoint.name}"
+        return f"update {self.step} ({where})"
 
 
 def build_components(cfg, *, model=None, tokenizer=None, task: Task | None = None, generator: Generator | None = None,
@@ -108,26 +126,123 @@ def check_kind(run: RunDir, kind: str) -> None:
         raise UserError(f"{run.path} is a '{found}' run, not {wanted}; resume it with `evolm {found} --resume {run.path}`")
 
 
+@dataclass(frozen=True)
+class Resumable:
+    """What a job kind allows on resume (``resume_point``)."""
+
+    budget_field: str
+    """The dotted config field holding the update budget (``es.iterations``, ``grpo.steps``, ...)."""
+    may_change: tuple[str, ...] = ()
+    """Fields besides ``config.RESUME_MAY_CHANGE`` and the budget that a resume may change."""
+    from_final: bool = False
+    """The loop can continue from ``final/`` (ES: weights are the whole state); else only from a checkpoint."""
+    where: str = ""
+    """How to say where a resume continues, when not from one checkpoint (pipelines: stage by stage)."""
+
+
+ES_RESUME = Resumable("es.iterations", from_final=True)
+GRPO_RESUME = Resumable("grpo.steps")
+
+
+def _budget(cfg, rules: Resumable) -> int:
+    section, name = rules.budget_field.split(".")
+    return int(getattr(getattr(cfg, section), name))
+
+
+def resume_point(cfg, kind: str, run: RunDir, rules: Resumable) -> Start:
+    """Where ``run`` continues with config ``cfg``, after checking (without changing any file) that
+    the resume neither rewrites its past nor moves it backwards; a ``UserError`` naming the fix if not."""
+    check_kind(run, kind)
+    info = run.info()
+    if info.get("status") == "running" and writer_alive(info):
+        raise UserError(f"{run.path} is being written by process {info.get('pid')} on this host (still running); "
+                        "stop it, or wait for it to finish, before resuming")
+    allowed = set(config_mod.RESUME_MAY_CHANGE) | set(rules.may_change) | {rules.budget_field}
+    past = {k: v for k, v in config_mod.config_changes(run.config(), cfg).items() if k not in allowed}
+    if past:
+        shown = "; ".join(f"{k} = {_show(v['new'])} (the run's: {_show(v['old'])})" for k, v in list(past.items())[:4])
+        raise UserError(f"{run.path}: a resume may change only the budget ({rules.budget_field}) and how the run is "
+                        f"executed, not how its updates were computed: {shown}. Resume with the run's own values, or "
+                        f"start a new run from its weights (--set model.spec={run.path})")
+    budget = _budget(cfg, rules)
+    logged = max((int(r["step"]) for r in run.train_records()), default=0)
+    final = run.final_state() if run.state() == "finished" else None
+    done = int(final.get("step", logged)) if final is not None else None
+    reached = max(logged, done or 0)
+    if budget < reached:
+        raise UserError(f"{run.path} has made {reached} updates; {rules.budget_field} = {budget} would discard "
+                        f"updates {budget + 1}-{reached}. Resume with {rules.budget_field} >= {reached}")
+    found = run.latest_checkpoint()
+    checkpoint = Start(int(found[1]["step"]), found[0], found[1]) if found else Start()
+    if run.state() == "finished" and budget > reached and not _exact_final(run, final):
+        saved = run.config().get("run", {})
+        raise UserError(f"{run.path} finished without float32 final weights (run.save = {saved.get('save', 'all')}, "
+                        f"run.save_dtype = {saved.get('save_dtype', 'float32')}), so it cannot be extended in place "
+                        f"without redoing its updates. Rebuild its weights (`evolm replay {run.path} --step {reached}` "
+                        f"for ES) and start a new run from them (--set model.spec=DIR)")
+    if done is not None:
+        if budget == done:
+            return Start(done, run.path / "final", final, done=True)
+        if rules.from_final:
+            return Start(done, run.path / "final", final)
+        if checkpoint.step != done:
+            raise UserError(f"{run.path} finished at update {done} but its newest checkpoint is update {checkpoint.step}; "
+                            f"{kind} continues only from a checkpoint (final/ lacks the optimizer state), so it cannot "
+                            f"be extended to {budget} without redoing and rewriting finished updates. Start a new run "
+                            f"from its weights instead (--set model.spec={run.path})")
+        return checkpoint
+    partial = run.final_state() if rules.from_final else None  # final/ written, then killed before "finished"
+    if partial is not None and checkpoint.step < int(partial.get("step", -1)) <= budget:
+        return Start(int(partial["step"]), run.path / "final", partial)
+    return checkpoint
+
+
+def _exact_final(run: RunDir, final: dict | None) -> bool:
+    """Whether ``final/`` holds the run's weights as trained (saved, and not cast to a lower precision)."""
+    if final is None:
+        return False
+    return run.config().get("run", {}).get("save_dtype", "float32") == "float32"
+
+
+def _show(value) -> str:
+    return config_mod.toml_inline(value) if value is not None else "(unset)"
+
+
 def open_run(cfg, kind: str, *, resume: RunDir | str | Path | None = None, run_dir: str | Path | None = None,
-             info: dict | None = None) -> tuple[RunDir, Start]:
-    """Create the run directory (``run_dir``, default ``run.out_dir / run.name``) or reopen ``resume``."""
+             info: dict | None = None, rules: Resumable | None = None, say: Say = print) -> tuple[RunDir, Start]:
+    """Create the run directory (``run_dir``, default ``run.out_dir / run.name``) or reopen ``resume``
+    (checked by ``resume_point`` with ``rules``). A resume of a run that has nothing left to do returns
+    ``Start(done=True)`` and changes no file."""
+    toml = config_mod.to_toml(cfg)
+    resolved = config_mod.to_dict(cfg)
     trackers.check(cfg.run.report_to)  # a missing tracker package fails before any file changes
     if resume is not None:
         run = resume if isinstance(resume, RunDir) else RunDir.open(resume)
-        check_kind(run, kind)
-        atomic_write_text(run.config_path, config_mod.to_toml(cfg))
-        found = run.latest_checkpoint()
-        start = Start(int(found[1]["step"]), found[0], found[1]) if found else Start()
+        for done in run.clean_temporaries():
+            say(f"[evolm] {done} (left half-done by a process that was killed)")
+        if rules is None:
+            raise ValueError("open_run needs the job kind's resume rules to resume a run")
+        start = resume_point(cfg, kind, run, rules)
+        if start.done:
+            say(f"[evolm] {run.path} has already finished its {start.step} updates: nothing to do "
+                f"(extend it with --set {rules.budget_field}=N)")
+            return run, start
+        changes = config_mod.config_changes(run.config(), cfg)
+        atomic_write_text(run.config_path, toml)
+        run.log_config("resume", start.step, resolved, changes, resumed_from=start.describe())
         run.truncate_after(start.step)  # a resume without checkpoint keeps the step-0 measurements
-        run.update_info(status="running", resumed_from_step=start.step)
+        run.update_info(status="running", resumed_from_step=start.step, **this_process())
+        changed = ", ".join(f"{k} {_show(v['old'])} -> {_show(v['new'])}" for k, v in changes.items())
+        say(f"[evolm] resuming {run.path} {rules.where or 'from ' + start.describe()}"
+            + (f"; changed: {changed}" if changed else ""))
         return run, start
     if run_dir is not None:
         path = Path(run_dir.path if isinstance(run_dir, RunDir) else run_dir)
         out_dir, name = path.parent, path.name
     else:
         out_dir, name = Path(cfg.run.out_dir), cfg.run.name
-    run = RunDir.create(out_dir, name, config_mod.to_toml(cfg), kind=kind,
-                        info={"model": cfg.model.spec, "task": cfg.task.name, **(info or {})})
+    run = RunDir.create(out_dir, name, toml, kind=kind, info={"model": cfg.model.spec, "task": cfg.task.name, **(info or {})})
+    run.log_config("create", 0, resolved)
     return run, Start()
 
 
@@ -137,9 +252,12 @@ def marking_failures(run: RunDir) -> Iterator[None]:
     try:
         yield
     except BaseException as e:
-        steps = [r["step"] for r in run.train_records()]
         status = "interrupted" if isinstance(e, (KeyboardInterrupt, SystemExit)) else "failed"
-        run.update_info(status=status, stopped_at_step=steps[-1] if steps else 0, error=repr(e)[:2000])
+        try:
+            steps = [r["step"] for r in run.train_records()]
+            run.update_info(status=status, stopped_at_step=steps[-1] if steps else 0, error=repr(e)[:2000])
+        except OSError:  # the disk refuses even that: the original error is the one to report
+            pass
         raise
 
 
@@ -227,15 +345,18 @@ def run_es(cfg, resume=None, *, model=None, tokenizer=None, task: Task | None = 
     """
     say = say_for(quiet)
     config_mod.validate(cfg)
-    comps = build_components(cfg, model=model, tokenizer=tokenizer, task=task, generator=generator)
     if resume is not None:
         resume = resume if isinstance(resume, RunDir) else RunDir.open(resume)
-        check_kind(resume, es_engine.METHOD)
+        if resume_point(cfg, es_engine.METHOD, resume, ES_RESUME).done:  # before loading anything
+            return open_run(cfg, es_engine.METHOD, resume=resume, rules=ES_RESUME, say=say)[0]
+    comps = build_components(cfg, model=model, tokenizer=tokenizer, task=task, generator=generator)
+    es_engine.check_training_data(cfg, comps.task)
+    check_measurements(cfg, comps.task, probe_given=probe is not None)
     header = es_engine.seed_log_header(resume.seed_log()) if resume is not None else None
     # refuses a selection that matches nothing, or a config that is not the resumed run's, before any file changes
     # a vLLM generator wraps the ParamSet so that members are perturbed inside its engine
     params = es_engine.build_paramset(comps.model, cfg, header, comps.generator)
-    run, start = open_run(cfg, es_engine.METHOD, resume=resume, run_dir=run_dir)
+    run, start = open_run(cfg, es_engine.METHOD, resume=resume, run_dir=run_dir, rules=ES_RESUME, say=say)
     say(f"[evolm] run directory: {run.path}")
     with marking_failures(run), tracking(cfg, run, es_engine.METHOD, start):
         probe = start_measurements(cfg, comps, run, start, es_engine.METHOD, probe=probe, eval_before=eval_before, say=say)
@@ -268,12 +389,19 @@ def run_grpo(cfg, resume=None, *, model=None, tokenizer=None, task: Task | None 
     say = say_for(quiet)
     config_mod.validate(cfg)
     grpo.import_trl()
+    if resume is not None:
+        resume = resume if isinstance(resume, RunDir) else RunDir.open(resume)
+        point = resume_point(cfg, grpo.METHOD, resume, GRPO_RESUME)
+        if point.done:  # before loading anything
+            return open_run(cfg, grpo.METHOD, resume=resume, rules=GRPO_RESUME, say=say)[0]
+        grpo.check_resumable(point, resume.config(), cfg)
     need_generator = cfg.eval.before_after or (probe is None and cfg.probe.every > 0)
     comps = build_components(cfg, model=model, tokenizer=tokenizer, task=task, with_generator=need_generator)
     if init_state_dict is not None:
         comps.model.load_state_dict(init_state_dict)
     examples = grpo.training_examples(cfg, comps.task)
-    run, start = open_run(cfg, grpo.METHOD, resume=resume, run_dir=run_dir)
+    check_measurements(cfg, comps.task, probe_given=probe is not None)
+    run, start = open_run(cfg, grpo.METHOD, resume=resume, run_dir=run_dir, rules=GRPO_RESUME, say=say)
     grpo.check_resumable(start)
     say(f"[evolm] run directory: {run.path}")
     with marking_failures(run), tracking(cfg, run, grpo.METHOD, start):

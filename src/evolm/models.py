@@ -27,6 +27,7 @@ Design decisions:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -35,6 +36,7 @@ import socket
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 from evolm.errors import UserError
 from evolm.resources import package_dir
@@ -207,6 +209,23 @@ def _from_pretrained(cls, location: str, kind: str, spec: str, **kwargs):
     return cls.from_pretrained(location, **kwargs)
 
 
+@contextlib.contextmanager
+def unreadable_as_user_error(spec: str, kind: str = "hf_dir") -> Iterator[None]:
+    """Turn a local model file that cannot be read (truncated safetensors or GGUF, a corrupt
+    ``config.json``, a missing tokenizer file) into one ``UserError`` line naming the spec; errors of
+    hub downloads and evolm's own ``UserError`` pass through."""
+    try:
+        yield
+    except UserError:
+        raise
+    except Exception as e:
+        if kind == "hub":
+            raise
+        detail = " ".join(str(e).split())[:300] or type(e).__name__
+        raise UserError(f"cannot load model '{spec}': {detail} (is a file truncated or corrupt? re-save or re-download "
+                        "it)") from None
+
+
 def quiet_transformers() -> None:
     """Silence transformers' per-file progress bars and advisory warnings (evolm shows its own progress)."""
     from transformers.utils import logging as hf_logging
@@ -230,9 +249,10 @@ def load(spec: str = DEFAULT_MODEL, dtype: str = "float32", threads: int | None 
     if threads:
         torch.set_num_threads(int(threads))
     resolved = resolve(spec)
-    location = local_dir(spec) if resolved.kind == "gguf" else resolved.location
-    model = _from_pretrained(AutoModelForCausalLM, location, resolved.kind, spec, dtype=getattr(torch, dtype))
-    tokenizer = _from_pretrained(AutoTokenizer, location, resolved.kind, spec)
+    with unreadable_as_user_error(spec, resolved.kind):
+        location = local_dir(spec) if resolved.kind == "gguf" else resolved.location
+        model = _from_pretrained(AutoModelForCausalLM, location, resolved.kind, spec, dtype=getattr(torch, dtype))
+        tokenizer = _from_pretrained(AutoTokenizer, location, resolved.kind, spec)
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token

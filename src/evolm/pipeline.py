@@ -65,7 +65,7 @@ from evolm.config import (ESConfig, ESJob, EvalConfig, GenerationConfig, ModelCo
 from evolm.console import say_for
 from evolm.errors import ConfigError, UserError
 from evolm.grpo import GRPOJob, GRPOSection
-from evolm.heldout import heldout_eval, make_probe
+from evolm.heldout import check_measurements, heldout_eval, make_probe
 from evolm.plots import plot_training
 from evolm.runs import TOTALS, RunDir, atomic_write_jsonl, load_weights, peak_rss_mb
 from evolm.seeding import seed31
@@ -73,6 +73,9 @@ from evolm.seeding import seed31
 METHODS = ("grpo", "es")
 """Methods a stage can run."""
 KIND = "pipeline"
+RESUME = jobs.Resumable("pipeline.budget", may_change=("pipeline.stages", "pipeline.interleave"), from_final=True,
+                        where="stage by stage (finished stages are skipped, the interrupted one resumes)")
+"""A resume may grow the budget and re-plan stages that have not finished (``_check_plan_on_resume``)."""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -401,16 +404,16 @@ def run_pipeline(cfg: PipelineJob, resume=None, *, model=None, tokenizer=None, t
     plan = plan_stages(p.stages, p.budget, p.interleave)
     say = say_for(quiet)
     comps = jobs.build_components(cfg, model=model, tokenizer=tokenizer, task=task)
+    check_measurements(cfg, comps.task, probe_given=probe is not None)
     if resume is not None:
         resume = resume if isinstance(resume, RunDir) else RunDir.open(resume)
-        jobs.check_kind(resume, KIND)
         _check_plan_on_resume(resume, plan)
-        if resume.info().get("plan") != _plan_dicts(plan):
-            (resume.path / "eval_after.json").unlink(missing_ok=True)
-        elif resume.info().get("status") == "finished":
-            say(f"[evolm] {resume.path} has already finished")
-            return resume
-    run, _ = jobs.open_run(cfg, KIND, resume=resume, run_dir=run_dir, info={"plan": _plan_dicts(plan)})
+        if jobs.resume_point(cfg, KIND, resume, RESUME).done:
+            return jobs.open_run(cfg, KIND, resume=resume, rules=RESUME, say=say)[0]
+    run, _ = jobs.open_run(cfg, KIND, resume=resume, run_dir=run_dir, info={"plan": _plan_dicts(plan)}, rules=RESUME,
+                           say=say)
+    if resume is not None and run.info().get("plan") != _plan_dicts(plan):
+        (run.path / "eval_after.json").unlink(missing_ok=True)
     run.update_info(plan=_plan_dicts(plan))
     say(f"[evolm] run directory: {run.path}")
     say(f"[evolm] pipeline {run.path}: " + ", ".join(f"{s.method} x {s.updates}" for s in plan)

@@ -2,7 +2,8 @@
 
 Layout of ``runs/<name>/`` (the same for ES, GRPO and pipeline stages)::
 
-    config.toml          the resolved config (defaults filled in)
+    config.toml          the resolved config (defaults filled in): the run as it stands now
+    config_history.jsonl the config at creation and every resume, with the fields the resume changed
     run.json             kind ("es", "grpo", ...), model spec, status, versions, start/end times
     metrics.jsonl        one JSON object per line; training records carry "step" (updates done)
     seed_log.jsonl       ES only: per update, the member keys and shaped coefficients (replayable)
@@ -18,6 +19,15 @@ Design decisions:
   kill at any moment leaves the previous checkpoint intact and discoverable.
 - Appends to JSONL files are flushed and fsynced per record. On resume, records newer than the
   checkpoint are dropped (``truncate_after``) so the resumed stream has no duplicates.
+- Every JSON file is strict JSON (RFC 8259, readable by any parser): NaN and infinities are written
+  as null (``to_json``); files written before that, with bare NaN, still read.
+- What a kill leaves behind is cleaned on resume (``clean_temporaries``): half-written temporary files
+  and directories are removed, and a ``final/`` or checkpoint caught between its two renames is put
+  back from its ``.old`` copy. The two renames run with SIGINT/SIGTERM blocked.
+- ``run.json`` records the writing process (host, pid, start time), so a resume refuses a run another
+  live process is still writing, and a run that failed before computing anything can be created
+  again under the same name. A ``run.json`` update that finds the disk full rewrites the file in
+  place (it fits in its own blocks), so a run stopped by a full disk still says so.
 - Weights are saved with ``save_pretrained`` (safetensors, tied weights handled, Hugging Face names),
   never in a backend's internal (e.g. fused vLLM) naming; ``final/`` optionally in bfloat16
   (``run.save_dtype``). Every file and directory a run writes gets the usual permissions under the
@@ -36,12 +46,16 @@ Design decisions:
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
 import platform
+import re
 import resource
 import shutil
+import signal
+import socket
 import sys
 import tempfile
 import time
@@ -51,7 +65,7 @@ from typing import Any, Callable, Sequence
 
 from evolm import __version__
 from evolm.errors import UserError
-from evolm.models import quiet_transformers
+from evolm.models import quiet_transformers, unreadable_as_user_error
 
 
 _UMASK = os.umask(0)
@@ -75,12 +89,34 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 
 
 def atomic_write_json(path: str | Path, obj: Any) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, default=json_default) + "\n")
+    atomic_write_text(path, to_json(obj, indent=2) + "\n")
 
 
 def atomic_write_jsonl(path: str | Path, records: Sequence[dict]) -> None:
     """Replace a JSONL file with ``records`` in one atomic step."""
-    atomic_write_text(path, "".join(json.dumps(r, default=json_default) + "\n" for r in records))
+    atomic_write_text(path, "".join(to_json(r) + "\n" for r in records))
+
+
+def to_json(obj: Any, **kwargs: Any) -> str:
+    """``obj`` as strict JSON: NaN and infinities (Python, NumPy or torch) become null, because
+    ``json.dumps``' bare ``NaN`` is not JSON (JavaScript's ``JSON.parse`` and many parsers reject it)."""
+    try:
+        return json.dumps(obj, default=json_default, allow_nan=False, **kwargs)
+    except ValueError:
+        return json.dumps(finite_or_none(obj), default=json_default, allow_nan=False, **kwargs)
+
+
+def finite_or_none(obj: Any) -> Any:
+    """A copy of ``obj`` (dicts, lists, numbers, arrays) with every non-finite float replaced by None."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite_or_none(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite_or_none(v) for v in obj]
+    if not isinstance(obj, (str, int, bool, type(None))) and (hasattr(obj, "tolist") or hasattr(obj, "item")):
+        return finite_or_none(json_default(obj))
+    return obj
 
 
 def json_default(o):
@@ -112,10 +148,49 @@ def read_jsonl(path: str | Path) -> list[dict]:
 
 
 def append_jsonl(path: str | Path, record: dict) -> None:
-    with open(path, "a") as f:
-        f.write(json.dumps(record, default=json_default) + "\n")
+    """Append one record and fsync; a torn last line (a kill mid-write) is ended first, not glued onto."""
+    with open(path, "a+b") as f:
+        f.seek(0, os.SEEK_END)
+        if f.tell() > 0:
+            f.seek(-1, os.SEEK_END)
+            if f.read(1) != b"\n":
+                f.write(b"\n")
+        f.write((to_json(record) + "\n").encode())
         f.flush()
         os.fsync(f.fileno())
+
+
+# -- who is writing a run ------------------------------------------------------------------------------
+
+def _process_start(pid: int) -> str | None:
+    """The start time of live process ``pid`` (Linux ``/proc``), which tells it from a later process
+    that reused its pid; None when there is no such process, it is a zombie, or it cannot be known."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return fields[19] if len(fields) > 19 and fields[0] not in ("Z", "X") else None
+
+
+def this_process() -> dict:
+    """``{"host", "pid", "pid_start"}`` of this process, recorded in ``run.json`` by whoever writes the run."""
+    return {"host": socket.gethostname(), "pid": os.getpid(), "pid_start": _process_start(os.getpid())}
+
+
+def writer_alive(info: dict) -> bool:
+    """Whether the process ``run.json`` names as its writer is still running (on this host; False when
+    it cannot be known, e.g. another host, no pid recorded, or not Linux)."""
+    pid, start = info.get("pid"), info.get("pid_start")
+    if not pid or info.get("host") != socket.gethostname() or int(pid) == os.getpid() or start is None:
+        return False
+    return _process_start(int(pid)) == start
+
+
+TEMPORARY = re.compile(r"^\.(?P<name>[^.].*)\.(?P<tag>old|[a-z0-9_]{8})$")
+"""Names of the temporaries atomic writes create (``tempfile``'s ``.<name>.XXXXXXXX``) and of the
+``.<name>.old`` copy a directory swap keeps for a moment."""
+
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 def _versions() -> dict[str, str]:
@@ -141,16 +216,44 @@ class RunDir:
     @classmethod
     def create(cls, out_dir: str | Path, name: str, config_toml: str, kind: str, info: dict | None = None,
                exist_ok: bool = False) -> "RunDir":
+        """Create ``out_dir/name`` (``{time}`` in the name becomes a timestamp). An existing non-empty
+        directory is refused, unless it holds a run that failed before computing anything (then it is
+        replaced, so the same command can be run again once its error is fixed)."""
         name = name.replace("{time}", time.strftime("%Y%m%d-%H%M%S"))
         path = Path(out_dir) / name
-        if path.exists() and any(path.iterdir()) and not exist_ok:
-            raise UserError(f"run directory {path} already exists; pass --resume to continue it or choose another run.name")
-        path.mkdir(parents=True, exist_ok=True)
-        run = cls(path)
-        atomic_write_text(path / "config.toml", config_toml)
-        atomic_write_json(path / "run.json", {"kind": kind, "status": "running", "started": time.time(),
-                                               "versions": _versions(), **(info or {})})
+        try:
+            if path.exists() and any(path.iterdir()) and not exist_ok:
+                if not cls(path).failed_before_computing():
+                    raise UserError(f"run directory {path} already exists; pass --resume to continue it or choose "
+                                    "another run.name")
+                shutil.rmtree(path)
+            path.mkdir(parents=True, exist_ok=True)
+            run = cls(path)
+            atomic_write_text(path / "config.toml", config_toml)
+            atomic_write_json(path / "run.json", {"kind": kind, "status": "running", "started": time.time(),
+                                                   "versions": _versions(), **this_process(), **(info or {})})
+        except PermissionError as e:
+            raise UserError(f"cannot create the run directory {path}: permission denied ({e.filename}); "
+                            "choose a writable run.out_dir") from None
+        except OSError as e:
+            if e.errno in (errno.EROFS, errno.EACCES, *DISK_FULL):
+                raise UserError(f"cannot create the run directory {path}: {e.strerror}; choose another run.out_dir "
+                                "or free space") from None
+            raise
         return run
+
+    def failed_before_computing(self) -> bool:
+        """A run that stopped (failed or interrupted) before it computed anything: no metrics record,
+        no checkpoint, no final weights, no evaluation file. Safe to replace."""
+        try:
+            info = self.info()
+        except ValueError:
+            return False
+        if info.get("status") not in ("failed", "interrupted"):
+            return False
+        computed = (self.metrics() or self.checkpoints() or (self.path / "final").exists()
+                    or any(self.path.glob("eval_*.json")) or (self.path / "stages").exists())
+        return not computed
 
     @classmethod
     def open(cls, path: str | Path) -> "RunDir":
@@ -177,7 +280,18 @@ class RunDir:
         return json.loads(p.read_text()) if p.exists() else {}
 
     def update_info(self, **fields: Any) -> None:
-        atomic_write_json(self.path / "run.json", {**self.info(), **fields})
+        """Merge ``fields`` into ``run.json`` (atomically; in place when the disk is full)."""
+        text = to_json({**self.info(), **fields}, indent=2) + "\n"
+        try:
+            atomic_write_text(self.path / "run.json", text)
+        except OSError as e:
+            if e.errno not in DISK_FULL:
+                raise
+            with open(self.path / "run.json", "r+") as f:  # no new blocks needed for a file this small
+                f.write(text)
+                f.truncate()
+                f.flush()
+                os.fsync(f.fileno())
 
     def log_metrics(self, record: dict) -> None:
         append_jsonl(self.metrics_path, record)
@@ -238,6 +352,59 @@ class RunDir:
         atomic_write_json(self.path / name, obj)
         return self.path / name
 
+    # -- resume ------------------------------------------------------------------------------------
+    @property
+    def config_history_path(self) -> Path:
+        return self.path / "config_history.jsonl"
+
+    def config_history(self) -> list[dict]:
+        """The config at creation and at every resume (``event``, ``step``, ``changes``, ``config``)."""
+        return read_jsonl(self.config_history_path)
+
+    def log_config(self, event: str, step: int, config: dict, changes: dict | None = None, **extra: Any) -> None:
+        """Record the resolved ``config`` used from ``step`` on (``event``: create or resume) and the fields
+        that differ from the config before (``changes``: dotted name -> {"old", "new"})."""
+        append_jsonl(self.config_history_path, {"event": event, "step": int(step), "time": time.time(),
+                                                "changes": changes or {}, **extra, "config": config})
+
+    def final_state(self) -> dict | None:
+        """``final/state.json`` (the step and running totals of the final weights), or None without ``final/``."""
+        final = self.path / "final"
+        if not ((final / "config.json").exists() and (final / "state.json").exists()):
+            return None
+        return json.loads((final / "state.json").read_text())
+
+    def clean_temporaries(self) -> list[str]:
+        """Undo what a kill left half-done; returns what it did, one line each.
+
+        A ``final/`` or checkpoint directory missing while its ``.<name>.old`` copy exists was caught
+        between the two renames of a swap: the copy is renamed back. Every other temporary (``.X.abcd1234``
+        files and directories of atomic writes, ``.X.old`` copies) is removed. Looks in the run
+        directory, ``checkpoints/``, ``plots/`` and every pipeline stage directory."""
+        touched = []
+        places = [self.path, self.checkpoint_dir, self.path / "plots"]
+        places += sorted(p for p in (self.path / "stages").glob("*") if p.is_dir())
+        places += sorted(p / "checkpoints" for p in (self.path / "stages").glob("*") if p.is_dir())
+        for place in places:
+            if not place.is_dir():
+                continue
+            for entry in sorted(place.iterdir()):
+                m = TEMPORARY.match(entry.name)
+                if not m:
+                    continue
+                original = place / m["name"]
+                where = entry.relative_to(self.path)
+                if m["tag"] == "old" and entry.is_dir() and not original.exists():
+                    os.replace(entry, original)
+                    touched.append(f"put back {original.relative_to(self.path)}/ from {where}")
+                    continue
+                if entry.is_dir():
+                    shutil.rmtree(entry, ignore_errors=True)
+                else:
+                    entry.unlink(missing_ok=True)
+                touched.append(f"removed {where}")
+        return touched
+
     def truncate_after(self, step: int) -> None:
         """Drop metrics and seed-log records with ``step`` > ``step`` (records without a step are kept)."""
         for p in (self.metrics_path, self.seed_log_path):
@@ -291,6 +458,15 @@ class RunDir:
         self.update_info(status="finished", finished=time.time(), **fields)
 
 
+def check_finite(model) -> None:
+    """Refuse (RuntimeError) to save weights holding inf or NaN: they would replace good weights on disk."""
+    import torch
+
+    for name, p in model.named_parameters():
+        if p.is_floating_point() and not bool(torch.isfinite(p).all()):
+            raise RuntimeError(f"refusing to save non-finite weights ({name} holds inf or NaN)")
+
+
 def save_model_dir(target: Path, model, tokenizer, extra: dict[str, Any],
                    write_extra: Callable[[Path], None] | None = None, dtype: str | None = None) -> None:
     """Write a model directory (``save_pretrained`` safetensors in Hugging Face names, the tokenizer,
@@ -298,11 +474,14 @@ def save_model_dir(target: Path, model, tokenizer, extra: dict[str, Any],
 
     ``dtype`` (``"bfloat16"`` ...): store the floating-point weights in that dtype (the model itself is
     not changed). Files and directories get the usual permissions under the umask (``mkdtemp`` creates
-    the directory 0700, safetensors its file 0600), so a colleague can read a model."""
+    the directory 0700, safetensors its file 0600), so a colleague can read a model.
+    Weights with inf or NaN are refused before anything is written."""
     quiet_transformers()
+    check_finite(model)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    tmp = None
     try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
         os.chmod(tmp, 0o777 & ~_UMASK)
         cast = _cast_state(model, dtype)
         model.save_pretrained(tmp, safe_serialization=True, **cast)
@@ -318,16 +497,52 @@ def save_model_dir(target: Path, model, tokenizer, extra: dict[str, Any],
             write_extra(tmp)
         for path in tmp.rglob("*"):  # safetensors writes 0600 files: give everything the usual permissions
             os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~_UMASK)
-        if target.exists():
-            old = target.with_name(f".{target.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(target, old)
-            os.replace(tmp, target)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, target)
+    except Exception as e:  # safetensors (Rust) and torch.save report a full disk as their own errors
+        if not isinstance(e, OSError) and (os.strerror(errno.ENOSPC) in str(e) or disk_full(target.parent)):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(target)) from e
+        raise
+    else:
+        with signals_blocked():  # never leave the swap half done on Ctrl-C / SIGTERM
+            if target.exists():
+                old = target.with_name(f".{target.name}.old")
+                shutil.rmtree(old, ignore_errors=True)
+                os.replace(target, old)
+                os.replace(tmp, target)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.replace(tmp, target)
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def disk_full(path: str | Path, below: int = 1 << 20) -> bool:
+    """Whether the file system holding ``path`` has less than ``below`` bytes left for this user."""
+    try:
+        st = os.statvfs(path)
+    except (OSError, AttributeError):
+        return False
+    return st.f_bavail * st.f_frsize < below
+
+
+class signals_blocked:
+    """Defer SIGINT and SIGTERM for the duration of a ``with`` block (main thread, POSIX; else a no-op)."""
+
+    SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+    def __enter__(self):
+        self.old = None
+        if hasattr(signal, "pthread_sigmask"):
+            try:
+                self.old = signal.pthread_sigmask(signal.SIG_BLOCK, self.SIGNALS)
+            except (OSError, ValueError):
+                self.old = None
+        return self
+
+    def __exit__(self, *exc):
+        if self.old is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, self.old)
+        return False
 
 
 def _cast_state(model, dtype: str | None) -> dict:
@@ -353,8 +568,9 @@ def load_weights(model, directory: Path) -> None:
     if not files:
         raise FileNotFoundError(f"no safetensors weights in {directory}")
     state = {}
-    for f in files:
-        state.update(load_file(str(f)))
+    with unreadable_as_user_error(str(directory)):  # a damaged file: one line naming it, not a traceback
+        for f in files:
+            state.update(load_file(str(f)))
     missing, unexpected = model.load_state_dict(state, strict=False)
     tied = {n for n, p in model.named_parameters(remove_duplicate=False)} - {n for n, p in model.named_parameters()}
     if unexpected or set(missing) - tied:
@@ -386,6 +602,16 @@ TOTALS = ("seconds", "gen_sequences", "gen_tokens")
 """Per-update cost fields that records also carry as running totals (``<field>_total``)."""
 
 
+def _mean_std(values: list[float]) -> tuple[float, float]:
+    """Mean and population standard deviation; values beyond 1e100 are scaled down first so squares and
+    sums cannot overflow (ordinary rewards take the plain formula, bit for bit)."""
+    peak = max(abs(v) for v in values)
+    scale = peak if peak > 1e100 else 1.0
+    scaled = [v / scale for v in values] if scale != 1.0 else values
+    mean = sum(scaled) / len(scaled)
+    return mean * scale, math.sqrt(sum((v - mean) ** 2 for v in scaled) / len(scaled)) * scale
+
+
 def train_record(step: int, method: str, rewards: Sequence[float], *, seconds: float, gen_sequences: int,
                  gen_tokens: int, totals: dict, **extra: Any) -> dict:
     """One ``kind="train"`` metrics record, the same schema for every method.
@@ -396,11 +622,11 @@ def train_record(step: int, method: str, rewards: Sequence[float], *, seconds: f
     ``gen_tokens_total``). ``extra``: method-specific fields, appended after the common ones.
     """
     finite = [float(r) for r in rewards if r is not None and math.isfinite(float(r))]
-    mean = sum(finite) / len(finite) if finite else None
+    mean, std = _mean_std(finite) if finite else (None, None)
     record = {
         "step": int(step), "method": method, "kind": "train",
         "reward_mean": mean,
-        "reward_std": math.sqrt(sum((r - mean) ** 2 for r in finite) / len(finite)) if finite else None,
+        "reward_std": std,
         "reward_min": min(finite) if finite else None,
         "reward_max": max(finite) if finite else None,
         "seconds": float(seconds), "gen_sequences": int(gen_sequences), "gen_tokens": int(gen_tokens),

@@ -25,6 +25,7 @@ from pathlib import Path
 from safetensors import safe_open
 
 from evolm import models
+from evolm.models import unreadable_as_user_error
 from evolm.errors import UserError
 
 EMBEDDING_NAMES = ("model.embed_tokens.weight", "transformer.wte.weight", "gpt_neox.embed_in.weight",
@@ -78,15 +79,16 @@ def load_state_info(spec: str) -> tuple[dict, StateInfo]:
     directory = _weights_dir(str(spec))
     state: dict[str, torch.Tensor] = {}
     dtypes: set[str] = set()
-    for f in _safetensors_files(directory):
-        with safe_open(str(f), framework="pt") as reader:
-            for name in reader.keys():
-                t = reader.get_tensor(name)
-                dtypes.add(str(t.dtype).replace("torch.", ""))
-                state[name] = t.to(torch.float32)
-    config = {}
-    if (directory / "config.json").exists():
-        config = json.loads((directory / "config.json").read_text())
+    with unreadable_as_user_error(str(spec)):
+        for f in _safetensors_files(directory):
+            with safe_open(str(f), framework="pt") as reader:
+                for name in reader.keys():
+                    t = reader.get_tensor(name)
+                    dtypes.add(str(t.dtype).replace("torch.", ""))
+                    state[name] = t.to(torch.float32)
+        config = {}
+        if (directory / "config.json").exists():
+            config = json.loads((directory / "config.json").read_text())
     tie_flag = config.get("tie_word_embeddings", config.get("text_config", {}).get("tie_word_embeddings", True))
     state, aliases = deduplicate_tied(state, by_value=bool(tie_flag))
     has_embedding = any(n in state for n in EMBEDDING_NAMES)

@@ -13,7 +13,10 @@ def register(sub) -> None:
                                    "weights at any update can be rebuilt with `evolm replay`). --set distributed.workers=2 "
                                    "scores the population on 2 Ray actors (same result; docs/distributed.md).")
     add_config_args(p)
-    p.add_argument("--resume", metavar="RUN_DIR", help="continue a killed run from its newest checkpoint (bit-identical result)")
+    p.add_argument("--resume", metavar="RUN_DIR",
+                   help="continue a stopped run from its newest checkpoint (bit-identical result), or a finished one "
+                        "from final/ with a larger --set es.iterations=N; only the budget and how the run executes "
+                        "may change (docs/reliability.md)")
     p.set_defaults(func=run)
 
 

@@ -18,8 +18,9 @@ def register(sub) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     add_config_args(p, "grpo.lr=2e-5")
     p.add_argument("--resume", metavar="RUN_DIR",
-                   help="continue a killed GRPO run from its newest checkpoint (weights, AdamW state, RNG and data "
-                        "position are restored); --set grpo.steps=N extends the budget")
+                   help="continue a stopped GRPO run from its newest checkpoint (weights, AdamW state, RNG and data "
+                        "position are restored); --set grpo.steps=N extends the budget (from a checkpoint of the last "
+                        "update); only the budget and how the run executes may change (docs/reliability.md)")
     p.set_defaults(func=run)
 
 

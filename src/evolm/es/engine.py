@@ -56,6 +56,11 @@ def training_batch(task: Task, tokenizer, seed: int, iteration: int, count: int)
     return examples, [task.render_prompt(ex, tokenizer) for ex in examples]
 
 
+def check_training_data(cfg, task: Task) -> None:
+    """Draw the first update's training problems (a missing data file fails here, before the run directory exists)."""
+    task.examples("train", cfg.es.prompts_per_iteration, seed=seed31(cfg.run.seed, "prompts", 0))
+
+
 def build_paramset(model, cfg, header: dict | None = None, generator: Generator | None = None) -> ParamSet:
     """The ``ParamSet`` of the parameters ``es.params`` / ``es.param_regex`` select, with the run's noise.
 
@@ -120,15 +125,28 @@ def save_masters(params: ParamSet, directory: Path) -> None:
         save_file(params.state_dict(), str(directory / "masters.safetensors"))
 
 
-def load_masters(params: ParamSet, directory: Path) -> None:
-    path = directory / "masters.safetensors"
-    if params.masters is not None and path.exists():
-        from safetensors.torch import load_file
+def load_masters(params: ParamSet, directory: Path, model) -> None:
+    """The float32 masters from a checkpoint's ``masters.safetensors``, or, in ``final/`` (which holds
+    the float32 weights the masters are), from the weights themselves (tied names resolved)."""
+    if params.masters is None:
+        return
+    from safetensors.torch import load_file
 
+    path = directory / "masters.safetensors"
+    if path.exists():
         state = load_file(str(path))
-        for k, name in enumerate(params.names):
-            params.masters[k].copy_(state[name])
-            params.tensors[k].copy_(params.masters[k].view_as(params.tensors[k]))
+    else:
+        state = {}
+        for f in sorted(directory.glob("*.safetensors")):
+            state.update(load_file(str(f)))
+        aliases: dict[int, list[str]] = {}
+        for name, p in model.named_parameters(remove_duplicate=False):
+            aliases.setdefault(id(p), []).append(name)
+        named = dict(model.named_parameters(remove_duplicate=False))
+        state = {name: next(state[a] for a in aliases[id(named[name])] if a in state) for name in params.names}
+    for k, name in enumerate(params.names):
+        params.masters[k].copy_(state[name].to(torch.float32).view_as(params.masters[k]))
+        params.tensors[k].copy_(params.masters[k].view_as(params.tensors[k]))
 
 
 def float32_model(model, params: ParamSet):
@@ -158,20 +176,21 @@ def train(cfg, comps, run: RunDir, start, params: ParamSet, *, probe: Callable |
     model, tokenizer, task, generator = comps.model, comps.tokenizer, comps.task, comps.generator
     es = cfg.es
     totals = {"seconds_total": 0.0, "gen_sequences_total": 0, "gen_tokens_total": 0}
-    if start.checkpoint is not None:
+    if start.checkpoint is not None:  # a checkpoint, or final/ of a finished run being extended
         load_weights(model, start.checkpoint)
-        load_masters(params, start.checkpoint)
+        load_masters(params, start.checkpoint, model)
         totals = {"seconds_total": float(start.state.get("seconds_total", 0.0)),
                   "gen_sequences_total": int(start.state.get("gen_sequences_total", 0)),
                   "gen_tokens_total": int(start.state.get("gen_tokens_total", 0))}
-        say(f"[evolm] resuming {run.path} from update {start.step}")
     generator.sync_weights()
+    path = params.perturb_path  # builds the fused kernel now (announced), so no timed record or ETA includes it
     population = (population_factory or make_population)(cfg, params, generator, task)
     layout = member_layout(es.estimator, es.population)
     if start.step == 0 and not run.seed_log():
         run.log_seed(run_header(params, cfg, layout))
     say(f"[evolm] ES on {cfg.model.spec}: {len(params.names)} tensors, {params.numel:,} parameters, "
-        f"N={es.population} ({es.estimator}), sigma={es.sigma}, lr={es.lr}, noise={es.noise}; run dir {run.path}")
+        f"N={es.population} ({es.estimator}), sigma={es.sigma}, lr={es.lr}, noise={es.noise}, perturb={path}; "
+        f"run dir {run.path}")
 
     sampling_base = dict(n=1, temperature=cfg.generation.temperature, top_p=cfg.generation.top_p,
                          max_new_tokens=cfg.generation.max_new_tokens)
@@ -209,7 +228,7 @@ def _iteration(cfg, run: RunDir, population, task, tokenizer, generator, layout,
     t_update = time.perf_counter()
     update = compute_update(scores.fitness, estimator=es.estimator, shaping=es.shaping, lr=es.lr, sigma=es.sigma,
                             divide_by_sigma=es.divide_by_sigma, errors=scores.errors)
-    population.apply_update(iteration, update)
+    update = population.apply_update(iteration, update) or update
     seconds_update = time.perf_counter() - t_update
     step = iteration + 1
     extra = {"fitness": scores.fitness, "update_status": update.status,
@@ -244,5 +263,6 @@ def replay(model, seed_log: list[dict], cfg) -> ParamSet:
     params = build_paramset(model, cfg, seed_log_header(seed_log))
     for record in seed_log:
         if record.get("status") == "applied":
-            params.apply_update(int(record["iteration"]), record["coefficients"], float(record["scale"]))
+            if not params.apply_update(int(record["iteration"]), record["coefficients"], float(record["scale"])):
+                raise ValueError(f"seed-log update {record.get('step')} would make weights non-finite")
     return params

@@ -9,10 +9,20 @@ docs/benchmarks.md: ES's iteration time over pure generation).
 Design decisions:
 
 - Built on first use with ``torch.utils.cpp_extension.load_inline`` (needs a C++ compiler and ninja;
-  ~30 s, cached under ``$EVOLM_CACHE/torch_extensions``, so later processes load it in about a
-  second; a build lock older than five minutes, left by a killed build, is removed). If the
-  build fails, or ``EVOLM_FUSED=0`` is set, ``kernel()`` returns None and the torch path is used:
-  same exactness, slower. ``ParamSet`` uses one path for a perturb and its restore.
+  30-80 s, cached, so later processes load it in about a second). If the build fails, or
+  ``EVOLM_FUSED=0`` is set, ``kernel()`` returns None and the torch path is used: same exactness,
+  slower. ``ParamSet`` uses one path for a perturb and its restore. The ES engine asks for the kernel
+  before its timed loop, so a build never lands in an update's timings or the progress bar's ETA.
+- The build folder is keyed by what the binary depends on: ``$EVOLM_CACHE/torch_extensions/
+  evolm_es_fused_v2-<key>``, the key a hash of the torch version, the Python ABI tag, the C++
+  compiler's ``--version`` line and the kernel source and flags (spelled out in ``key.json`` there),
+  so two environments never rebuild each other's kernel. Every build is announced on stderr.
+- Builds are serialised by an OS lock (``flock`` on ``evolm.lock`` in the build folder), which the
+  kernel drops when its holder dies, however it dies. torch's own ``lock`` file is not: a process
+  killed mid-build leaves it and torch then waits for it forever. Holding the OS lock proves no live
+  evolm process is building there, so a ``lock`` file found then is stale and removed. A process that
+  cannot get the OS lock within ``BUILD_WAIT_S`` (another build still running) says so and uses the
+  torch path.
 - Compiled with ``-ffp-contract=off``: ``d = a * eps`` is rounded to float32 before the add, in
   perturb and in restore alike, so the comparison made at perturb time predicts restore bit for bit.
   (The perturbed weights can differ from the torch path's in the last bit where torch fuses the
@@ -22,8 +32,14 @@ Design decisions:
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import sys
+import time
 from functools import lru_cache
+from pathlib import Path
+from typing import Iterator
 
 import torch
 
@@ -98,7 +114,77 @@ void restore(torch::Tensor theta, torch::Tensor eps, double factor) {
 
 
 NAME = "evolm_es_fused_v2"
-STALE_LOCK_S = 300
+CFLAGS = ["-O3", "-ffp-contract=off"]
+BUILD_WAIT_S = 600.0
+"""How long a process waits for another one's build of the kernel before it uses the torch path."""
+
+
+def build_key() -> dict:
+    """What the compiled kernel depends on: torch version, Python ABI, C++ compiler, source and flags."""
+    import hashlib
+    import subprocess
+    import sysconfig
+
+    compiler = os.environ.get("CXX", "c++")
+    try:
+        version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
+        version = version.strip().splitlines()[0] if version.strip() else "unknown"
+    except (OSError, subprocess.SubprocessError):
+        version = "none"
+    return {"torch": torch.__version__, "python": sysconfig.get_config_var("SOABI") or sys.implementation.cache_tag,
+            "compiler": f"{compiler}: {version}",
+            "source": hashlib.sha256((_SOURCE + " ".join(CFLAGS)).encode()).hexdigest()[:16]}
+
+
+def build_dir(key: dict | None = None) -> Path:
+    """``$EVOLM_CACHE/torch_extensions/evolm_es_fused_v2-<hash of build_key()>``."""
+    import hashlib
+
+    key = key or build_key()
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+    return cache_dir() / "torch_extensions" / f"{NAME}-{digest}"
+
+
+def _say(message: str) -> None:
+    print(f"[evolm] {message}", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def build_lock(build: Path, wait_s: float | None = None) -> Iterator[bool]:
+    """Hold the folder's OS lock (``flock``; released by the kernel when the holder dies); yields False
+    if another process held it for ``wait_s`` seconds (default ``BUILD_WAIT_S``)."""
+    wait_s = BUILD_WAIT_S if wait_s is None else wait_s
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no OS lock; torch's own lock file is all there is
+        yield True
+        return
+    with open(build / "evolm.lock", "a+") as f:
+        deadline, told = time.monotonic() + wait_s, False
+        while True:
+            try:
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError:
+                if time.monotonic() >= deadline:
+                    _say(f"another process has been building the fused ES kernel in {build} for over {wait_s:.0f} s; "
+                         "using the torch ops (same results, slower)")
+                    yield False
+                    return
+                if not told:
+                    f.seek(0)
+                    holder = f.read().strip() or "?"
+                    _say(f"waiting for process {holder} to finish building the fused ES kernel in {build}")
+                    told = True
+                time.sleep(0.2)
+        try:
+            f.seek(0)
+            f.truncate()
+            f.write(str(os.getpid()))
+            f.flush()
+            yield True
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
 @lru_cache(maxsize=None)
@@ -108,22 +194,31 @@ def kernel():
         return None
     try:
         import logging
-        import sys
-        import time
 
         from torch.utils.cpp_extension import load_inline
 
-        build = cache_dir() / "torch_extensions" / NAME
+        key = build_key()
+        build = build_dir(key)
         build.mkdir(parents=True, exist_ok=True)
-        lock = build / "lock"  # torch waits forever on a lock left by a build that was killed
-        if lock.exists() and time.time() - lock.stat().st_mtime > STALE_LOCK_S:
-            lock.unlink(missing_ok=True)
-        if not any(build.glob("*.so")):
-            print(f"[evolm] building the fused ES kernel once (~30 s) in {build}", file=sys.stderr, flush=True)
-        _ninja_on_path()
-        logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
-        return load_inline(name=NAME, cpp_sources=[_SOURCE], functions=["perturb", "restore"],
-                           extra_cflags=["-O3", "-ffp-contract=off"], build_directory=str(build), verbose=False)
+        if not (build / "key.json").exists():
+            (build / "key.json").write_text(json.dumps(key, indent=2) + "\n")
+        with build_lock(build) as held:
+            if not held:
+                return None
+            # holding the OS lock, no live evolm process is inside torch's build here: a torch lock
+            # file is a killed build's, and torch would wait for it forever
+            (build / "lock").unlink(missing_ok=True)
+            fresh = not (build / f"{NAME}.so").exists()
+            if fresh:
+                _say(f"building the fused ES kernel (about a minute, once per torch, Python and compiler) in {build}")
+            t0 = time.perf_counter()
+            _ninja_on_path()
+            logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
+            module = load_inline(name=NAME, cpp_sources=[_SOURCE], functions=["perturb", "restore"],
+                                 extra_cflags=CFLAGS, build_directory=str(build), verbose=False)
+            if fresh:
+                _say(f"fused ES kernel built in {time.perf_counter() - t0:.0f} s")
+            return module
     except Exception:  # no compiler, no ninja, no headers: the torch path is exact too
         return None
 

@@ -60,6 +60,15 @@ class NoiseSource(ABC):
     def to(self, device) -> "NoiseSource":
         return self
 
+    def max_abs(self) -> float:
+        """An upper bound of ``|eps|`` over every value this source can return (bounds an update's size)."""
+        return STREAM_BOUND
+
+
+STREAM_BOUND = 64.0
+"""A bound of |eps| for generated streams: a float32 normal made from 32 or 64 random bits cannot
+exceed ~10 (NumPy's ziggurat tail from 24-bit uniforms stops near 8.3), so 64 is safe by far."""
+
 
 class StreamNoise(NoiseSource):
     """An independent PCG64DXSM Gaussian stream per (iteration, direction, parameter)."""
@@ -151,6 +160,13 @@ class TableNoise(NoiseSource):
             pieces.append(self.table[o:o + take])
             left, o = left - take, 0
         return torch.cat(pieces)
+
+    def max_abs(self) -> float:
+        """The largest ``|value|`` in the table (computed once)."""
+        if getattr(self, "_max_abs", None) is None:
+            lo, hi = torch.aminmax(self.table)
+            self._max_abs = max(-float(lo), float(hi))
+        return self._max_abs
 
     def describe(self) -> dict:
         out = {"kind": self.kind, "seed": self.seed, "size": self.size, "scheme": self.scheme}

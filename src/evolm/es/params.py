@@ -28,10 +28,17 @@ Design decisions:
 - The update ``theta += scale * sum_d c_d eps_d`` accumulates the weighted noise in float32 before it
   is added, in a fixed order (tensor by tensor, chunk by chunk, direction by direction), so replaying
   a run's seed log from the base model reproduces its weights bit for bit on the same software stack.
+- No update writes a non-finite value into the weights. A bound proves most updates safe before any
+  write (``max |theta| + |scale| * sum_d |c_d| * max |eps|`` at most half the largest finite value of
+  the weights' dtype and of float32); when it cannot, a first pass computes every new value without
+  writing, and the update is refused (``apply_update`` returns False, the weights untouched) if any
+  would be inf or NaN. The bound costs one read of the weights; the second pass happens only near
+  overflow.
 """
 
 from __future__ import annotations
 
+import math
 import re
 
 import torch
@@ -206,11 +213,35 @@ class ParamSet:
 
     # -- update --------------------------------------------------------------------------------------
     @torch.no_grad()
-    def apply_update(self, iteration: int, coefficients, scale: float) -> None:
-        """``theta += scale * sum_d coefficients[d] * eps(iteration, d)``, accumulated in float32."""
+    def apply_update(self, iteration: int, coefficients, scale: float) -> bool:
+        """``theta += scale * sum_d coefficients[d] * eps(iteration, d)``, accumulated in float32.
+
+        Returns False, and changes nothing, when the update would make any weight non-finite."""
         if self._perturbed is not None:
             raise RuntimeError("apply_update() while perturbed; restore() first")
         coefficients = [float(c) for c in coefficients]
+        scale = float(scale)
+        if not (math.isfinite(scale) and all(math.isfinite(c) for c in coefficients)):
+            return False
+        if not self._provably_finite(coefficients, scale) and not self._add_update(iteration, coefficients, scale, write=False):
+            return False
+        self._add_update(iteration, coefficients, scale, write=True)
+        return True
+
+    def _provably_finite(self, coefficients: list[float], scale: float) -> bool:
+        """Whether ``max |theta| + |scale| * sum |c| * max |eps|`` stays below half of every finite range involved."""
+        step = abs(scale) * sum(abs(c) for c in coefficients) * self.noise.max_abs()
+        peaks, limits = [], []
+        for k, live in enumerate(self.tensors):
+            target = self.masters[k] if self.masters is not None else live
+            lo, hi = torch.aminmax(target.detach())
+            peaks.append(torch.maximum(-lo, hi).float())
+            limits.append(0.5 * min(torch.finfo(torch.float32).max, torch.finfo(live.dtype).max))
+        peaks = torch.stack(peaks).tolist()  # one device transfer for all tensors
+        return all(p + step <= limit for p, limit in zip(peaks, limits))  # also False for NaN
+
+    def _add_update(self, iteration: int, coefficients: list[float], scale: float, write: bool) -> bool:
+        """Add the update (``write``), or only check that every new value would be finite (returns False if not)."""
         for k, live in enumerate(self.tensors):
             target = (self.masters[k] if self.masters is not None else live).view(-1)
             noises = [(c, self._eps(k, iteration, d)) for d, c in enumerate(coefficients) if c != 0.0]
@@ -218,9 +249,15 @@ class ParamSet:
                 acc = torch.zeros(min(CHUNK, target.numel() - a), dtype=torch.float32, device=target.device)
                 for c, eps in noises:
                     acc.add_(eps[a:a + CHUNK], alpha=c)
-                target[a:a + CHUNK].add_(acc, alpha=float(scale))
-            if self.masters is not None:
+                if write:
+                    target[a:a + CHUNK].add_(acc, alpha=scale)
+                    continue
+                new = torch.add(target[a:a + CHUNK], acc, alpha=scale)
+                if not bool(torch.isfinite(new).all()) or not bool(torch.isfinite(new.to(live.dtype)).all()):
+                    return False
+            if write and self.masters is not None:
                 live.copy_(self.masters[k].view_as(live))
+        return True
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The float32 values of the selected parameters (masters when kept), by name."""

@@ -5,7 +5,9 @@ A population has two calls, the seam where scale lives:
 - ``score(iteration, layout, sigma, examples, prompts, sampling, on_member)`` -> ``MemberScores``: the
   fitness of every member ``(direction, sign)`` of ``layout`` (mean task reward over the iteration's
   prompts), in layout order, with cost counters;
-- ``apply_update(iteration, update)``: add ``update.scale * sum_d c_d eps_d`` to the weights.
+- ``apply_update(iteration, update)``: add ``update.scale * sum_d c_d eps_d`` to the weights; returns
+  the update as applied (marked skipped when ``ParamSet`` refused it because a weight would have
+  become non-finite; a population returning None is taken to have applied it).
 
 Members are pure functions of ``(run seed, iteration, direction, sign)``, so the result must not depend
 on which process, backend or machine scored them. ``LocalPopulation`` scores them one after another
@@ -33,6 +35,9 @@ from evolm.backends.base import Generator, SamplingParams
 from evolm.es.params import ParamSet
 from evolm.es.update import Update
 from evolm.tasks.base import Example, Task
+
+
+NON_FINITE_WEIGHTS = "the update would have made weights non-finite (inf or NaN); update skipped, weights unchanged"
 
 
 @dataclass
@@ -91,10 +96,13 @@ class LocalPopulation:
                 on_member()
         return out
 
-    def apply_update(self, iteration: int, update: Update) -> None:
+    def apply_update(self, iteration: int, update: Update) -> Update:
+        """Apply ``update`` if it applies; returns it, or it marked skipped when the weights refused it."""
         if update.applies:
-            self.params.apply_update(iteration, update.coefficients, update.scale)
+            if not self.params.apply_update(iteration, update.coefficients, update.scale):
+                return update.skipped(NON_FINITE_WEIGHTS)
             self.generator.sync_weights()
+        return update
 
     def checkpointed(self, directory, step: int) -> None:
         """The driver saved a checkpoint of the current weights (a Ray population restarts actors from it)."""

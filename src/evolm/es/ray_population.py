@@ -166,7 +166,7 @@ class Replica:
             load_weights(model, Path(recipe.checkpoint))
         params = build_paramset(model, cfg, recipe.header)
         if recipe.checkpoint:
-            load_masters(params, Path(recipe.checkpoint))
+            load_masters(params, Path(recipe.checkpoint), model)
         for iteration, coefficients, scale in recipe.replay:
             params.apply_update(iteration, coefficients, scale)
         generator = make_generator(cfg.generation.backend, model, tokenizer, cfg.generation.batch_size,

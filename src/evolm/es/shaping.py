@@ -6,7 +6,10 @@ output has the same length and is what weights each member's noise in the update
 
 - ``zscore``: ``(f - mean(f)) / std(f)`` with the population standard deviation (``ddof=0``, as
   ``np.std`` in Qiu et al.'s code). When every member scores the same (std below 1e-12) there is no
-  signal and the result is all zeros (the engine logs a zero update).
+  signal and the result is all zeros (the engine logs a zero update). Overflow-safe: fitnesses
+  beyond ``RESCALE_ABOVE`` in magnitude (whose squares or sums would overflow float64, e.g. 1e308)
+  are divided by the largest magnitude first; z-scores do not depend on the scale, and ordinary
+  rewards never take that branch, so their results stay bit for bit what they were.
 - ``centered_rank`` (Salimans et al. 2017): ranks mapped linearly onto [-0.5, 0.5]; tied fitnesses
   share their average rank, so ties get equal weight and all-equal fitness gives zeros.
 - ``none``: the raw fitness, unnormalised (the paper's "no normalisation" ablation; not centred, so
@@ -20,8 +23,15 @@ from typing import Callable
 import numpy as np
 
 
+RESCALE_ABOVE = 1e100
+"""zscore divides fitnesses by their largest magnitude when it exceeds this (sums of squares stay finite)."""
+
+
 def zscore(fitness: np.ndarray) -> np.ndarray:
     f = np.asarray(fitness, dtype=np.float64)
+    peak = float(np.max(np.abs(f))) if f.size else 0.0
+    if peak > RESCALE_ABOVE:
+        f = f / peak
     std = f.std(ddof=0)
     if std < 1e-12:
         return np.zeros_like(f)

@@ -17,12 +17,17 @@ Estimators (N = population, the number of scored members):
 when ``divide_by_sigma`` is set; the choice is a config field and is logged with every update.
 
 Degenerate fitness never reaches the weights: a non-finite fitness (NaN, inf, or a reward function
-that raised) skips the update (``status="skipped"``); all-equal fitness shapes to zeros under zscore
-and centred rank (``status="zero"``), and a zero update is not applied at all.
+that raised) skips the update (``status="skipped"``); so does a non-finite coefficient or step scale,
+or a step whose size ``|scale| * sum_d |c_d|`` exceeds ``MAX_STEP`` (only absurd rewards under
+``shaping = "none"`` get there). All-equal fitness shapes to zeros under zscore and centred rank
+(``status="zero"``), and a zero update is not applied at all. ``ParamSet.apply_update`` adds the last
+guard: it never writes a non-finite value into the weights (the update is then skipped too).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -76,6 +81,14 @@ class Update:
     def applies(self) -> bool:
         return self.status == "applied"
 
+    def skipped(self, message: str) -> "Update":
+        """This update marked as not applied (its coefficients kept for the record)."""
+        return dataclasses.replace(self, status="skipped", message=message)
+
+
+MAX_STEP = 1e30
+"""Largest ``|scale| * sum_d |c_d|`` an update may have (a weight moves by at most that times max |eps|)."""
+
 
 def compute_update(fitness, *, estimator: str, shaping: str, lr: float, sigma: float,
                    divide_by_sigma: bool = False, errors: dict[int, str] | None = None) -> Update:
@@ -88,10 +101,23 @@ def compute_update(fitness, *, estimator: str, shaping: str, lr: float, sigma: f
         bad = sorted(set((errors or {}).keys()) | {int(i) for i in np.flatnonzero(~np.isfinite(f))})
         detail = "; ".join(f"member {i}: {(errors or {}).get(i, f[i])}" for i in bad[:3])
         return Update([0.0] * directions, scale, "skipped", f"non-finite fitness, update skipped ({detail})")
-    shaped = SHAPINGS[shaping](f)
-    coefficients = ESTIMATORS[estimator](shaped)
+    with np.errstate(over="ignore", invalid="ignore"):  # an overflow becomes inf and is refused below
+        shaped = SHAPINGS[shaping](f)
+        coefficients = ESTIMATORS[estimator](shaped)
+    if not (np.all(np.isfinite(coefficients)) and math.isfinite(scale)):
+        return Update([0.0] * directions, scale, "skipped",
+                      f"non-finite update coefficients or step scale ({_brief(coefficients)}, scale {scale:.3g}), update skipped")
+    step = abs(scale) * float(np.sum(np.abs(coefficients)))
+    if not step <= MAX_STEP:
+        return Update([0.0] * directions, scale, "skipped",
+                      f"update step |scale| x sum|c| = {step:.3g} exceeds {MAX_STEP:.0e} (fitness {_brief(f)}), update skipped")
     if not np.any(coefficients):
         return Update([0.0] * directions, scale, "zero",
                       f"no fitness signal (all members scored {f[0]:.4g})" if np.ptp(f) == 0 else "zero update",
                       shaped.tolist())
     return Update(coefficients.tolist(), scale, "applied", "", shaped.tolist())
+
+
+def _brief(values: np.ndarray) -> str:
+    shown = ", ".join(f"{v:.3g}" for v in np.asarray(values)[:4])
+    return f"[{shown}{', ...' if len(values) > 4 else ''}]"

@@ -138,9 +138,14 @@ def read_table(path: str | Path) -> list[dict]:
             with open(path, newline="", encoding="utf-8") as f:
                 return list(csv.DictReader(f))
         if name.endswith(".parquet"):
-            import pyarrow.parquet as pq  # a dependency, but slow to import
-            return pq.read_table(path).to_pylist()
-    except (json.JSONDecodeError, UnicodeDecodeError, csv.Error) as e:
+            import pyarrow  # a dependency, but slow to import
+            import pyarrow.parquet as pq
+
+            try:
+                return pq.read_table(path).to_pylist()
+            except (pyarrow.ArrowException, OSError) as e:  # a truncated or corrupt file
+                raise UserError(f"cannot read {path} as parquet: {' '.join(str(e).split())[:300]}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError, csv.Error, EOFError, gzip.BadGzipFile) as e:
         raise UserError(f"cannot read {path}: {e}") from None
     raise UserError(f"unsupported data file {path}; use .jsonl, .jsonl.gz, .json, .csv, .parquet or a save_to_disk directory")
 
