@@ -57,9 +57,19 @@ class RunConfig:
     """How many recent checkpoints to keep on disk (older ones are deleted after a new one is written)."""
     progress: bool = True
     """Show progress bars with ETA."""
+    match: Literal["updates", "sequences", "tokens", "seconds"] = "updates"
+    """The quantity the training budget is counted in, so ES and GRPO runs can be matched on it (metrics.jsonl logs all four per update). updates: es.iterations / grpo.steps are the budget. sequences, tokens, seconds: training also stops after the update at which the run's total of generated sequences, generated tokens or update seconds reaches run.budget; es.iterations / grpo.steps stay the cap on updates."""
+    budget: float = 0.0
+    """The budget in run.match units when run.match is not updates (then > 0; the update that reaches it is the last, so a run overshoots by less than one update). 0 with match = updates."""
 
     def validate(self, p: str) -> None:
         require(bool(self.name.strip()), f"{p}.name must not be empty")
+        if self.match == "updates":
+            require(self.budget == 0, f"{p}.budget counts sequences, tokens or seconds (got {self.budget} with {p}.match = "
+                                      "'updates'); an update budget is es.iterations / grpo.steps, or set "
+                                      f"{p}.match = 'tokens' (or sequences, seconds)")
+        else:
+            require(self.budget > 0, f"{p}.match = '{self.match}' needs {p}.budget > 0 ({self.match} to spend)")
         require(self.checkpoint_every >= 0, f"{p}.checkpoint_every must be >= 0 (got {self.checkpoint_every})")
         require(self.keep_checkpoints >= 1, f"{p}.keep_checkpoints must be >= 1 (got {self.keep_checkpoints})")
 

@@ -14,6 +14,11 @@ Design decisions:
 - ``open_run`` creates a run directory, or reopens one to resume: the kind must match, the resolved
   config (with the overrides given on resume) is written back, records newer than the newest
   checkpoint are dropped, and the method's loop continues from ``Start`` (step, checkpoint, state).
+- ``open_run`` records the weights a new run starts from in ``run.json`` (``base``: their float32
+  fingerprint, ``evolm.state``, and where to find them), because every analysis of the run compares
+  with exactly those weights. A float32 model's step-0 weights are its spec's; a lower-precision
+  model (``model.dtype = "bfloat16"``) starts from the spec *rounded*, so those rounded weights are
+  saved to ``<run>/base/`` (in the model's dtype: exact, half the size of float32).
 - ``start_measurements`` takes the held-out evaluation before training and the step-0 probe, once
   (a resume that already logged them does not measure them again; a sweep can hand in a shared
   ``eval_before``); ``finish_run`` takes the final probe (unless logged), saves ``final/``, the
@@ -43,7 +48,8 @@ from evolm.errors import UserError
 from evolm.es import engine as es_engine
 from evolm.heldout import heldout_eval, make_probe, probe_record
 from evolm.plots import plot_training
-from evolm.runs import RunDir, TrainResult, atomic_write_text, peak_rss_mb
+from evolm.runs import RunDir, TrainResult, atomic_write_text, peak_rss_mb, save_model_dir
+from evolm.state import lower_precision, model_fingerprint
 from evolm.tasks import make_task
 from evolm.tasks.base import Task
 
@@ -92,9 +98,31 @@ def check_kind(run: RunDir, kind: str) -> None:
         raise UserError(f"{run.path} is a '{found}' run, not {wanted}; resume it with `evolm {found} --resume {run.path}`")
 
 
+BASE_DIR = "base"
+"""Where a run whose model is not float32 keeps the (rounded) weights it started from."""
+
+
+def base_record(cfg, model, injected: bool) -> dict:
+    """What ``run.json`` says about the weights a run starts from (``base``): their fingerprint
+    (``evolm.state.model_fingerprint``: float32 values, tied tensors once), the config's spec and
+    dtype, ``weights``: ``"spec"`` (the spec's own weights), ``"base"`` (the model's weights were
+    rounded to a lower precision; saved in ``<run>/base/``) or ``"injected"`` (a model handed in by the
+    caller: the spec need not hold these weights; the fingerprint decides), and ``path``: where the
+    weights are, relative to the run directory, when evolm knows (``base``; a pipeline stage points
+    at the stage before it)."""
+    low = lower_precision(model)
+    weights = BASE_DIR if low else ("injected" if injected else "spec")
+    return {"fingerprint": model_fingerprint(model), "spec": cfg.model.spec, "dtype": cfg.model.dtype,
+            "weights": weights, "path": BASE_DIR if weights == BASE_DIR else None, "rounded_to": low or None}
+
+
 def open_run(cfg, kind: str, *, resume: RunDir | str | Path | None = None, run_dir: str | Path | None = None,
-             info: dict | None = None) -> tuple[RunDir, Start]:
-    """Create the run directory (``run_dir``, default ``run.out_dir / run.name``) or reopen ``resume``."""
+             info: dict | None = None, model=None, injected: bool = False) -> tuple[RunDir, Start]:
+    """Create the run directory (``run_dir``, default ``run.out_dir / run.name``) or reopen ``resume``.
+
+    ``model`` (a new run): the model training starts from; its fingerprint goes into ``run.json``
+    (``base_record``), and a lower-precision model's weights into ``<run>/base/``. ``injected``: the
+    caller built the model (its weights need not be ``model.spec``'s)."""
     if resume is not None:
         run = resume if isinstance(resume, RunDir) else RunDir.open(resume)
         check_kind(run, kind)
@@ -109,8 +137,13 @@ def open_run(cfg, kind: str, *, resume: RunDir | str | Path | None = None, run_d
         out_dir, name = path.parent, path.name
     else:
         out_dir, name = Path(cfg.run.out_dir), cfg.run.name
+    base = base_record(cfg, model, injected) if model is not None else None
     run = RunDir.create(out_dir, name, config_mod.to_toml(cfg), kind=kind,
                         info={"model": cfg.model.spec, "task": cfg.task.name, **(info or {})})
+    if base is not None:
+        if base["weights"] == BASE_DIR:
+            save_model_dir(run.path / BASE_DIR, model, None, extra={"base.json": base})
+        run.update_info(base=base)
     return run, Start()
 
 
@@ -180,7 +213,7 @@ def run_es(cfg, resume=None, *, model=None, tokenizer=None, task: Task | None = 
     header = es_engine.seed_log_header(resume.seed_log()) if resume is not None else None
     # refuses a selection that matches nothing, or a config that is not the resumed run's, before any file changes
     params = es_engine.build_paramset(comps.model, cfg, header)
-    run, start = open_run(cfg, es_engine.METHOD, resume=resume, run_dir=run_dir)
+    run, start = open_run(cfg, es_engine.METHOD, resume=resume, run_dir=run_dir, model=comps.model, injected=model is not None)
     with marking_failures(run):
         probe = start_measurements(cfg, comps, run, start, es_engine.METHOD, probe=probe, eval_before=eval_before, say=say)
         result = es_engine.train(cfg, comps, run, start, params, probe=probe, callbacks=callbacks, say=say, quiet=quiet)
@@ -210,7 +243,8 @@ def run_grpo(cfg, resume=None, *, model=None, tokenizer=None, task: Task | None 
     if init_state_dict is not None:
         comps.model.load_state_dict(init_state_dict)
     examples = grpo.training_examples(cfg, comps.task)
-    run, start = open_run(cfg, grpo.METHOD, resume=resume, run_dir=run_dir)
+    run, start = open_run(cfg, grpo.METHOD, resume=resume, run_dir=run_dir, model=comps.model,
+                          injected=model is not None or init_state_dict is not None)
     grpo.check_resumable(start)
     with marking_failures(run):
         probe = start_measurements(cfg, comps, run, start, grpo.METHOD, probe=probe, eval_before=eval_before, say=say)

@@ -393,7 +393,8 @@ def run_pipeline(cfg: PipelineJob, resume=None, *, model=None, tokenizer=None, t
         elif resume.info().get("status") == "finished":
             say(f"[evolm] {resume.path} has already finished")
             return resume
-    run, _ = jobs.open_run(cfg, KIND, resume=resume, run_dir=run_dir, info={"plan": _plan_dicts(plan)})
+    run, _ = jobs.open_run(cfg, KIND, resume=resume, run_dir=run_dir, info={"plan": _plan_dicts(plan)},
+                           model=comps.model, injected=model is not None)
     run.update_info(plan=_plan_dicts(plan))
     say(f"[evolm] pipeline {run.path}: " + ", ".join(f"{s.method} x {s.updates}" for s in plan)
         + f" ({p.budget} updates)")
@@ -468,7 +469,11 @@ def _run_stages(cfg, run, plan, comps, stage_probe, callbacks, on_stage_start, q
             jobs.run_grpo(scfg, resume=resume, model=model, tokenizer=comps.tokenizer, task=comps.task, run_dir=sdir,
                           probe=stage_probe, callbacks=[*callbacks.get("grpo", ()), _trainer_sync(sync)], quiet=quiet)
             generator.sync_weights()
-        RunDir(sdir).update_info(pipeline=str(run.path), stage=stage.index, stage_start=stage.start)
+        stage_run = RunDir(sdir)
+        stage_run.update_info(pipeline=str(run.path), stage=stage.index, stage_start=stage.start)
+        base = stage_run.info().get("base")
+        if base and stage.index > 0 and not base.get("path"):  # the stage started from the previous stage's final/
+            stage_run.update_info(base={**base, "path": f"../{plan[stage.index - 1].name}"})
         fingerprints.setdefault(stage.name, {})["final"] = models.fingerprint(model)
         run.update_info(fingerprints=fingerprints)
         write_combined(run, plan)

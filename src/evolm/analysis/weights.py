@@ -26,10 +26,7 @@ from safetensors import safe_open
 
 from evolm import models
 from evolm.errors import UserError
-
-EMBEDDING_NAMES = ("model.embed_tokens.weight", "transformer.wte.weight", "gpt_neox.embed_in.weight",
-                   "model.embed_in.weight", "embed_tokens.weight")
-LM_HEAD_NAMES = ("lm_head.weight", "embed_out.weight")
+from evolm.state import EMBEDDING_NAMES, LM_HEAD_NAMES, deduplicate_tied  # noqa: F401  (re-exported)
 
 
 @dataclass
@@ -99,36 +96,6 @@ def load_state_info(spec: str) -> tuple[dict, StateInfo]:
 def load_state(spec: str) -> dict:
     """The float32 CPU state dict of a model spec or run directory, tied tensors counted once."""
     return load_state_info(spec)[0]
-
-
-def deduplicate_tied(state: dict, by_value: bool = False) -> tuple[dict, dict[str, str]]:
-    """Drop names that alias another tensor of ``state``; return ``(state, {dropped: kept})``.
-
-    Two names alias when they share storage (an in-memory tied model) or, with ``by_value``, when an
-    LM-head tensor is bit-identical to the embedding (a file that stored both copies of tied weights).
-    The embedding name is the one kept.
-    """
-    import torch  # local: torch is slow to import, and `evolm --help` imports this module
-
-    def rank(name: str) -> tuple:
-        return (name in LM_HEAD_NAMES, name)  # keep embeddings over lm_head, else the first name
-
-    seen: dict[tuple, str] = {}
-    aliases: dict[str, str] = {}
-    for name in sorted(state, key=rank):
-        t = state[name]
-        key = (t.data_ptr(), tuple(t.shape), t.dtype, t.stride()) if t.numel() else None
-        if key is not None and key in seen:
-            aliases[name] = seen[key]
-        elif key is not None:
-            seen[key] = name
-    if by_value:
-        emb = next((n for n in EMBEDDING_NAMES if n in state), None)
-        for head in LM_HEAD_NAMES:
-            if emb and head in state and head not in aliases and state[head].shape == state[emb].shape \
-                    and torch.equal(state[head], state[emb]):
-                aliases[head] = emb
-    return {k: v for k, v in state.items() if k not in aliases}, aliases
 
 
 def check_compatible(base: dict, trained: dict) -> None:
