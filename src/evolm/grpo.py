@@ -7,12 +7,12 @@ Design decisions:
 
 - evolm owns the settings. ``GRPOSection`` names every knob that changes the algorithm and maps it
   explicitly onto TRL's ``GRPOConfig`` (``trl_args``); nothing is left to TRL defaults that differ
-  between versions. In particular ``loss_type`` defaults to ``"grpo"`` (the paper's per-sequence
+  between versions. In particular ``loss_type`` defaults to ``"grpo"`` (GRPO's original per-sequence
   length normalisation; TRL's own default is now ``"dapo"``), ``scale_rewards`` to ``"group"``
   (advantage = (r - group mean) / group std, as in DeepSeekMath), ``beta`` to 0 (no KL term, no
   reference model; measured fastest here and TRL's default too), a constant learning rate and
   ``num_iterations = 1`` (each generation batch feeds exactly one optimizer step, so the importance
-  ratio is 1 and the PPO clip is inert: the on-policy GRPO of the paper).
+  ratio is 1 and the PPO clip is inert: the on-policy GRPO of Shao et al. 2024, DeepSeekMath).
 - One update = one optimizer step (the budget ``steps`` is shared with ES, where one iteration is one
   update). Each update samples ``prompts_per_step`` training problems x ``num_generations``
   completions in one batch; ``gradient_accumulation_steps`` splits only the backward pass.
@@ -88,9 +88,9 @@ class GRPOSection:
     lr_scheduler: Literal["constant", "linear", "cosine"] = "constant"
     """Learning-rate schedule over `steps` (constant keeps extended/resumed runs on the same schedule)."""
     loss_type: Literal["grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo"] = "grpo"
-    """TRL loss formulation. grpo = the paper's (token losses averaged per sequence, then over sequences); TRL's own default is dapo."""
+    """TRL loss formulation. grpo = GRPO's original (DeepSeekMath: token losses averaged per sequence, then over sequences); TRL's own default is dapo."""
     scale_rewards: Literal["group", "batch", "none"] = "group"
-    """Advantage scaling: group = (r - group mean) / group std (the paper's GRPO); batch = divide by the batch std; none = no division (Dr. GRPO)."""
+    """Advantage scaling: group = (r - group mean) / group std (GRPO as in DeepSeekMath); batch = divide by the batch std; none = no division (Dr. GRPO)."""
     beta: float = 0.0
     """KL coefficient toward the starting weights (TRL: beta * KL(policy || reference) per token); 0 loads no reference model."""
     num_generations: int = 8
