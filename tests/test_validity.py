@@ -109,7 +109,9 @@ def test_isotropic_update_is_not_enriched_anywhere():
 
 def test_planted_norm_update_is_enriched_with_a_tiny_p_value():
     base, trained = _synthetic(planted=5e-4)
-    e = top_k_localisation(base, trained, k=100)["enrichment"]["by_category"]["norm"]
+    loc = top_k_localisation(base, trained, k=100)["enrichment"]
+    e = loc["by_category"]["norm"]
+    assert loc["by_subcategory"]["norm.input_layernorm.weight"] == e  # one norm tensor: the same statistics
     assert e["observed"] >= 90 and e["expected"] < 0.2
     assert e["enrichment"] > 400 and e["enrichment_interval"][0] > 100 and e["p_enriched"] < 1e-100
     d = drift(base, trained)["enrichment"]["by_category"]

@@ -155,7 +155,7 @@ class ESConfig:
     noise: Literal["table", "stream"] = "table"
     """table: key-derived windows into a seeded shared Gaussian table (Salimans et al. 2017; fast). stream: a fresh Gaussian stream per (iteration, member, tensor) (slower)."""
     noise_table_size: int = 0
-    """Entries in the noise table (float32); 0 picks max(2^25, 1.25 x largest tensor)."""
+    """Entries in the noise table (float32); 0 picks P + 2^25 for P selected parameters, so no table value repeats within a member's noise (smaller values trade memory for that guarantee)."""
     params: list[str] = field(default_factory=lambda: ["all"])
     """Parameter categories ES perturbs: all, norm, attention, mlp, embedding, lm_head (several allowed)."""
     param_regex: str = ""

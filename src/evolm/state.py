@@ -17,8 +17,8 @@ Design decisions:
 - Core layer, beside ``models``: the run lifecycle (``evolm.jobs``) fingerprints the starting weights
   when it creates a run directory, and the analyses (``evolm.analysis``) fingerprint the base they are
   given; neither imports the other.
-- Hashing runs over the tensors' own memory (no copies for float32 CPU tensors), about 1-2 s for
-  SmolLM2-135M's 538 MB.
+- Hashing runs over the tensors' own memory (no copies for float32 CPU tensors; other tensors are
+  converted one at a time), about 1-2 s for SmolLM2-135M's 538 MB.
 """
 
 from __future__ import annotations
@@ -83,8 +83,9 @@ def state_fingerprint(state: dict) -> str:
 
 
 def model_fingerprint(model) -> str:
-    """``state_fingerprint(float32_state(model))``: the identity of the weights a run starts from."""
-    return state_fingerprint(float32_state(model))
+    """``state_fingerprint(float32_state(model))``, the identity of the weights a run starts from, converting
+    one tensor at a time (a GPU model is never copied to the CPU whole)."""
+    return state_fingerprint(deduplicate_tied(model.state_dict())[0])
 
 
 def lower_precision(model) -> list[str]:

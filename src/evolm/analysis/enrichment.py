@@ -115,10 +115,12 @@ def count_enrichment(observed: int, k: int, share: float, alpha: float = 0.05) -
     }
 
 
-def top_k_enrichment(counts: dict[str, int], k: int, param_counts: dict[str, int], alpha: float = 0.05) -> dict:
-    """``count_enrichment`` for every group with selected coordinates: ``counts`` observed among the top ``k``,
-    ``param_counts`` the selected coordinates per group (their sum is N)."""
-    total = sum(param_counts.values())
+def top_k_enrichment(counts: dict[str, int], k: int, param_counts: dict[str, int], alpha: float = 0.05,
+                     total: int | None = None) -> dict:
+    """``count_enrichment`` for every group in ``param_counts`` with selected coordinates: ``counts`` observed
+    among the top ``k``, ``param_counts`` the selected coordinates per group, ``total`` all selected
+    coordinates N (default: the sum of ``param_counts``; pass it when only some groups are listed)."""
+    total = sum(param_counts.values()) if total is None else int(total)
     return {g: count_enrichment(int(counts.get(g, 0)), k, n / total, alpha)
             for g, n in param_counts.items() if n > 0 and total > 0}
 

@@ -118,8 +118,8 @@ def _summarise(base: dict, trained: dict, chosen: list, k: int, population: dict
             "outside_scope": sum(1 for c in coordinates if c["name"] not in population["names"]),
             "by_category": top_k_enrichment(by_category, selected, population["by_category"]) if selected else {},
             # every subcategory the top k reached (a subcategory it missed is in the category row)
-            "by_subcategory": top_k_enrichment(by_subcategory, selected, {s: subs[s] for s in by_subcategory if s in subs})
-            if selected else {},
+            "by_subcategory": top_k_enrichment(by_subcategory, selected, {s: subs[s] for s in by_subcategory if s in subs},
+                                               total=population["num_params"]) if selected else {},
         },
         "coordinates": coordinates,
     }

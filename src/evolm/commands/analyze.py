@@ -4,11 +4,17 @@ each writing ``<out>/<kind>.json`` and ``<out>/<kind>.png``.
 Design decisions:
 
 - ``--trained`` is repeatable and takes an optional label (``--trained es=runs/es --trained
-  grpo=runs/grpo``), so ES and GRPO are analysed side by side against one ``--base``. Without a
-  label the directory or spec name is used.
-- When a trained model is an evolm run directory, its ``config.toml`` supplies the defaults: the base
-  model (``[model] spec``), the target task (``[task]``) and the generation length; its
-  ``seed_log.jsonl`` supplies the single-ES-update scale of the sparsity thresholds.
+  grpo=runs/grpo``), so ES and GRPO are analysed side by side. Without a label the directory or spec
+  name is used.
+- Each trained model is compared with the weights its run started from: ``--base``, else the run's
+  own (``analysis.weights.run_base_spec``: a lower-precision run's saved ``base/``, a pipeline
+  stage's predecessor, else its ``[model] spec``), and that base's fingerprint must equal the one in
+  the run's ``run.json`` (``check_base``; ``--allow-base-mismatch`` overrides, with a warning). Each
+  distinct base is loaded once; models with different bases are each compared with their own.
+- When a trained model is an evolm run directory, its ``config.toml`` supplies the other defaults:
+  the target task (``[task]``) and the generation length; its ``seed_log.jsonl`` supplies the
+  single-ES-update scale of the sparsity thresholds and the tensors it trained (the null's
+  population in drift and localisation).
 - Weights are read as float32 safetensors without building a model; a model is loaded only for
   the analyses that re-evaluate (sparsity curve, compression), once, and every variant is copied
   into it.
