@@ -263,3 +263,35 @@ def test_no_docstring_or_doc_states_the_papers_localisation_finding_as_fact():
     for phrase in ("ES puts its largest updates in norm", "ES's largest updates land in LayerNorm",
                    "Lemma 2 of Qiu", "Qiu et al.'s Lemma 2", "Qiu et al. count", "Qiu et al. report GRPO"):
         assert not any(phrase in t for t in texts), phrase
+
+
+@pytest.mark.slow
+def test_real_smollm2_isotropic_walk_in_bfloat16_against_either_base():
+    """The issue's measurement on the real model: one isotropic random walk (20 steps of a single ES update's
+    size, 1.77e-4 per coordinate) added to SmolLM2-135M's float32 weights and to the same weights rounded to
+    bfloat16 (what a bfloat16 run's masters start from). Against its own base each walk is where chance puts
+    it, in top-k counts and in shares of ||Δ||²; the bfloat16 walk against the float32 spec is not.
+
+    (The embedded model's norm weights are already bfloat16 values (SmolLM2 was released in bfloat16), so
+    here the rounding lands in the Q4_1-dequantised matrices instead: attention enriched, embedding
+    depleted. The tiny-model test above has norm weights that bfloat16 rounds, as the issue's model did.)"""
+    from evolm import models
+
+    base = load_state_info(models.DEFAULT_MODEL)[0]
+    rounded = {k: v.to(torch.bfloat16).float() for k, v in base.items()}
+    g = torch.Generator().manual_seed(0)
+    walk = {k: torch.randn(v.shape, generator=g) * (1.77e-4 * math.sqrt(20)) for k, v in base.items()}
+    bf16 = {k: rounded[k] + walk[k] for k in base}
+
+    def smallest_p(b, t):
+        loc = top_k_localisation(b, t, k=100)["enrichment"]["by_category"]
+        shares = drift(b, t)["enrichment"]["by_category"]
+        return (min(min(e["p_enriched"], e["p_depleted"]) for e in loc.values()),
+                min(e["p_two_sided"] for e in shares.values()), loc)
+
+    for b, t in ((base, {k: base[k] + walk[k] for k in base}), (rounded, bf16)):  # each walk against its own base
+        p_top, p_share, loc = smallest_p(b, t)
+        assert p_top > 1e-3 and p_share > 1e-3
+        assert loc["norm"]["expected"] == pytest.approx(100 * 35_136 / 134_515_008) and loc["norm"]["observed"] == 0
+    p_top, p_share, loc = smallest_p(base, bf16)  # the bfloat16 walk against the float32 spec: the artefact
+    assert p_top < 1e-6 and p_share < 1e-20

@@ -20,7 +20,8 @@ Design decisions:
   terms do not lose precision (``Σ Δ⁴``, for the null's variance, likewise).
 - ``base`` must be the weights the run started from (a bfloat16 run's rounded base, not the float32
   spec): ``evolm analyze`` checks it against the fingerprint in the run's ``run.json``. Against the
-  wrong base Δ holds the rounding of every coordinate, largest on weights near 1 (norms).
+  wrong base Δ holds the rounding of every coordinate bfloat16 cannot represent (up to 0.0039 on
+  weights between 1 and 2, often the norms), which shifts every category's share.
 - A coordinate "changed" when ``θ != θ0`` exactly (float32). Within a group, ``relative_distance`` is
   ``||Δ_group|| / ||θ0_group||`` (None when the group's base norm is zero) and
   ``share_of_squared_distance`` is ``||Δ_group||² / ||Δ||²``, so the shares of the categories add to 1.

@@ -22,8 +22,8 @@ Design decisions:
   others look depleted. Only coordinates that changed can be selected; when fewer than k changed, the
   null is over the ``num_selected`` that were.
 - ``base`` must be the weights the run started from: against a float32 base, a bfloat16 run's Δ holds
-  the rounding of every weight (up to 0.0039 on norm weights near 1), which puts the top k in the
-  norms whatever training did. ``evolm analyze`` checks the base against the run's recorded
+  the rounding of every weight (up to 0.0039 on weights between 1 and 2, often norm weights), which
+  puts the top k wherever the rounding is largest, whatever training did. ``evolm analyze`` checks the base against the run's recorded
   fingerprint.
 - Tied embeddings are counted once, as ``embedding``: for a tied model the embedding row *is* the LM
   head row, which the caller reports as ``tied_embeddings``.
