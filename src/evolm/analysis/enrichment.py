@@ -133,9 +133,10 @@ def share_enrichment(sum_sq: float, num_params: int, total_sq: float, total_four
     ``Σ Δ²`` and ``Σ Δ⁴`` over all N = ``total_params`` selected coordinates."""
     n, big_n = int(num_params), int(total_params)
     share = n / big_n if big_n else 0.0
-    observed = sum_sq / total_sq if total_sq > 0 else 0.0
+    observed = sum_sq / total_sq if total_sq > 0 else None  # nothing moved: no share to compare
     z_q = _normal_quantile(1 - alpha / 2)
-    out = {"parameter_share": share, "share": observed, "enrichment": observed / share if share > 0 else None,
+    out = {"parameter_share": share, "share": observed,
+           "enrichment": observed / share if share > 0 and observed is not None else None,
            "null_share_interval": None, "null_enrichment_interval": None, "z": None, "p_two_sided": None,
            "confidence": 1 - alpha}
     if total_sq <= 0 or big_n < 2 or n == 0:

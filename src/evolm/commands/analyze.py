@@ -225,7 +225,7 @@ def _cmd_drift(args) -> int:
         if not args.per_tensor:
             d.pop("by_tensor")
         result["models"][label] = d
-        shares = ", ".join(f"{c} {v['share']:.2%} of ||Δ||² = {v['enrichment']:.3g}x its parameter share"
+        shares = ", ".join(f"{c} {v['share']:.2%} of ||Δ||² ({v['enrichment']:.3g}x its parameter share)"
                            for c, v in d["enrichment"]["by_category"].items() if v["enrichment"] is not None)
         print(f"{label}: relative distance {d['relative_distance']:.4g} ({shares})")
     _report(*_write(args.out, "drift", result))
