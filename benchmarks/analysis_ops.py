@@ -18,6 +18,7 @@ from evolm.analysis import compression, sparsity
 from evolm.analysis.drift import drift
 from evolm.analysis.localisation import top_k_localisations
 from evolm.analysis.weights import load_state
+from evolm.state import state_fingerprint
 
 
 def main() -> None:
@@ -31,8 +32,9 @@ def main() -> None:
         trained[f"model.layers.{i}.input_layernorm.weight"][:12] += 0.05
     rows = [("load_state (safetensors -> float32 dict)", load_s)]
     ops = [
-        ("drift", lambda: drift(base, trained)),
-        ("top_k_localisations k=100,144", lambda: top_k_localisations(base, trained, [100, 144])),
+        ("state_fingerprint (the base check)", lambda: state_fingerprint(base)),
+        ("drift (with the ||Δ||² enrichment)", lambda: drift(base, trained)),
+        ("top_k_localisations k=100,144 (with the null)", lambda: top_k_localisations(base, trained, [100, 144])),
         ("update_sparsity, 6 thresholds", lambda: sparsity.update_sparsity(base, trained, sparsity.tau_grid(2e-4))),
         ("threshold_update (one τ)", lambda: sparsity.threshold_update(base, trained, 2e-4)),
         ("compress int8 (attention+mlp)", lambda: compression.compress(trained, "int8")),

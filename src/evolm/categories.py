@@ -14,7 +14,8 @@ Design decisions:
   ``mlp.c_fc``, ``wte``/``wpe``), gpt-neox/phi (``attention.query_key_value``, ``dense``, ``fc1``).
 - Order of the rules matters and is fixed: ``lm_head`` first, then embeddings, then norms (so a
   query/key norm inside ``self_attn`` such as gemma3's ``self_attn.q_norm`` counts as a norm, the
-  paper's "LayerNorm" family), then attention, then MLP; anything else is ``other``.
+  "LayerNorm" family of "Understanding Evolution Strategies for LLM Reasoning", arXiv 2608.27351), then
+  attention, then MLP; anything else is ``other``.
 - Stdlib only, at the bottom of the package: the config, the ES engine and the analyses all import it.
 """
 

@@ -82,10 +82,20 @@ class RunConfig:
     """wandb project the run is filed under."""
     wandb_mode: Literal["offline", "online"] = "offline"
     """wandb: offline writes RUN_DIR/wandb/offline-run-* without a network (upload later with `wandb sync`); online streams to the wandb server (needs `wandb login`)."""
+    match: Literal["updates", "sequences", "tokens", "seconds"] = "updates"
+    """The quantity the training budget is counted in, so ES and GRPO runs can be matched on it (metrics.jsonl logs all four per update). updates: es.iterations / grpo.steps are the budget. sequences, tokens, seconds: training also stops after the update at which the run's total of generated sequences, generated tokens or update seconds reaches run.budget; es.iterations / grpo.steps stay the cap on updates."""
+    budget: float = 0.0
+    """The budget in run.match units when run.match is not updates (then > 0; the update that reaches it is the last, so a run overshoots by less than one update). 0 with match = updates."""
 
     def validate(self, p: str) -> None:
         require(bool(self.name.strip()), f"{p}.name must not be empty")
         require(0 <= self.seed < 2**63, f"{p}.seed must be an integer in [0, 2^63) (got {self.seed})")
+        if self.match == "updates":
+            require(self.budget == 0, f"{p}.budget counts sequences, tokens or seconds (got {self.budget} with {p}.match = "
+                                      "'updates'); an update budget is es.iterations / grpo.steps, or set "
+                                      f"{p}.match = 'tokens' (or sequences, seconds)")
+        else:
+            require(self.budget > 0, f"{p}.match = '{self.match}' needs {p}.budget > 0 ({self.match} to spend)")
         require(self.checkpoint_every >= 0, f"{p}.checkpoint_every must be >= 0 (got {self.checkpoint_every})")
         require(self.keep_checkpoints >= 1, f"{p}.keep_checkpoints must be >= 1 (got {self.keep_checkpoints})")
         bad = [t for t in self.report_to if t not in TRACKERS]
@@ -194,7 +204,7 @@ class ESConfig:
     noise: Literal["table", "stream"] = "table"
     """table: key-derived windows into a seeded shared Gaussian table (Salimans et al. 2017; fast). stream: a fresh Gaussian stream per (iteration, member, tensor) (slower)."""
     noise_table_size: int = 0
-    """Entries in the noise table (float32); 0 picks max(2^25, 1.25 x largest tensor)."""
+    """Entries in the noise table (float32); 0 picks P + 2^25 for P selected parameters, so no table value repeats within a member's noise (smaller values trade memory for that guarantee)."""
     params: list[str] = field(default_factory=lambda: ["all"])
     """Parameter categories ES perturbs: all, norm, attention, mlp, embedding, lm_head (several allowed)."""
     param_regex: str = ""

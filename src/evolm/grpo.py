@@ -7,12 +7,12 @@ Design decisions:
 
 - evolm owns the settings. ``GRPOSection`` names every knob that changes the algorithm and maps it
   explicitly onto TRL's ``GRPOConfig`` (``trl_args``); nothing is left to TRL defaults that differ
-  between versions. In particular ``loss_type`` defaults to ``"grpo"`` (the paper's per-sequence
+  between versions. In particular ``loss_type`` defaults to ``"grpo"`` (GRPO's original per-sequence
   length normalisation; TRL's own default is now ``"dapo"``), ``scale_rewards`` to ``"group"``
   (advantage = (r - group mean) / group std, as in DeepSeekMath), ``beta`` to 0 (no KL term, no
   reference model; measured fastest here and TRL's default too), a constant learning rate and
   ``num_iterations = 1`` (each generation batch feeds exactly one optimizer step, so the importance
-  ratio is 1 and the PPO clip is inert: the on-policy GRPO of the paper).
+  ratio is 1 and the PPO clip is inert: the on-policy GRPO of Shao et al. 2024, DeepSeekMath).
 - One update = one optimizer step (the budget ``steps`` is shared with ES, where one iteration is one
   update). Each update samples ``prompts_per_step`` training problems x ``num_generations``
   completions in one batch; ``gradient_accumulation_steps`` splits only the backward pass.
@@ -28,6 +28,11 @@ Design decisions:
   its records (which carry TRL's loss, KL, gradient norm, ...) reach the experiment trackers of
   ``run.report_to`` from there, so nothing is logged twice. TRL's own vLLM rollouts are passed through
   when asked for (``grpo.use_vllm``, ``vllm_mode``; docs/grpo.md).
+- One length limit: ``max_completion_length = 0`` (the default) takes ``generation.max_new_tokens``, the
+  limit ES's members generate with, so an ES and a GRPO run (or the stages of a pipeline, which share
+  ``[generation]``) compare at the same completion length unless a config says otherwise.
+- Budgets: ``grpo.steps`` updates, or (``run.match`` = sequences, tokens or seconds) until ``run.budget``
+  of that quantity is spent, checked after every update; ``steps`` is then the cap.
 - Cost accounting per update (same field names as ES records): ``seconds`` (generation + loss +
   optimizer step; probes and checkpoint writes excluded), ``seconds_total``, ``gen_sequences``,
   ``gen_tokens`` (completion tokens up to and including end-of-sequence), their running totals, and
@@ -65,7 +70,7 @@ from evolm.config import (MAX_TEMPERATURE, EvalConfig, GenerationConfig, ModelCo
                           require)
 from evolm.errors import UserError
 from evolm.heldout import probe_record
-from evolm.runs import RunDir, TrainResult, save_model_dir, train_record
+from evolm.runs import RunDir, TrainResult, budget_reached, save_model_dir, train_record
 
 METHOD = "grpo"
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
@@ -87,9 +92,9 @@ class GRPOSection:
     lr_scheduler: Literal["constant", "linear", "cosine"] = "constant"
     """Learning-rate schedule over `steps` (constant keeps extended/resumed runs on the same schedule)."""
     loss_type: Literal["grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo"] = "grpo"
-    """TRL loss formulation. grpo = the paper's (token losses averaged per sequence, then over sequences); TRL's own default is dapo."""
+    """TRL loss formulation. grpo = GRPO's original (DeepSeekMath: token losses averaged per sequence, then over sequences); TRL's own default is dapo."""
     scale_rewards: Literal["group", "batch", "none"] = "group"
-    """Advantage scaling: group = (r - group mean) / group std (the paper's GRPO); batch = divide by the batch std; none = no division (Dr. GRPO)."""
+    """Advantage scaling: group = (r - group mean) / group std (GRPO as in DeepSeekMath); batch = divide by the batch std; none = no division (Dr. GRPO)."""
     beta: float = 0.0
     """KL coefficient toward the starting weights (TRL: beta * KL(policy || reference) per token); 0 loads no reference model."""
     num_generations: int = 8
@@ -100,8 +105,8 @@ class GRPOSection:
     """Sampling temperature of the training rollouts (> 0); TRL also divides the policy logits by it in the loss."""
     top_p: float = 1.0
     """Nucleus sampling mass of the training rollouts."""
-    max_completion_length: int = 32
-    """Completion length limit of the training rollouts, in tokens."""
+    max_completion_length: int = 0
+    """Completion length limit of the training rollouts, in tokens; 0: generation.max_new_tokens, the limit ES trains with, so the two methods see one length limit unless you set another here."""
     gradient_accumulation_steps: int = 1
     """Split each update's backward pass into this many micro-batches (memory only; must divide the batch)."""
     epsilon: float = 0.2
@@ -131,7 +136,7 @@ class GRPOSection:
         require(0 < self.temperature <= MAX_TEMPERATURE,
                 f"{p}.temperature must be > 0 and <= {MAX_TEMPERATURE:g}: GRPO samples its rollouts (got {self.temperature})")
         require(0 < self.top_p <= 1, f"{p}.top_p must be in (0, 1] (got {self.top_p})")
-        require(self.max_completion_length >= 1, f"{p}.max_completion_length must be >= 1 (got {self.max_completion_length})")
+        require(self.max_completion_length >= 0, f"{p}.max_completion_length must be >= 0 (got {self.max_completion_length})")
         require(self.gradient_accumulation_steps >= 1,
                 f"{p}.gradient_accumulation_steps must be >= 1 (got {self.gradient_accumulation_steps})")
         batch = self.prompts_per_step * self.num_generations
@@ -176,6 +181,11 @@ class GRPOJob:
                 f"grpo.bf16 autocast needs model.dtype = float32 master weights (got {self.model.dtype})")
 
 
+def completion_limit(cfg) -> int:
+    """The training rollouts' length limit: ``grpo.max_completion_length``, or ``generation.max_new_tokens`` (ES's) when 0."""
+    return cfg.grpo.max_completion_length or cfg.generation.max_new_tokens
+
+
 def train_count(g: GRPOSection) -> int:
     """How many training problems a run draws."""
     return g.train_examples or g.steps * g.prompts_per_step
@@ -210,7 +220,7 @@ def trl_args(cfg: GRPOJob, output_dir: str) -> dict[str, Any]:
         num_iterations=1,
         shuffle_dataset=False,
         # rollouts
-        max_completion_length=g.max_completion_length,
+        max_completion_length=completion_limit(cfg),
         temperature=g.temperature,
         top_p=g.top_p,
         top_k=0,
@@ -443,6 +453,8 @@ def _make_callback(trainer_ref: dict, run: RunDir, cfg: GRPOJob, meter: RolloutM
 
                 run.save_checkpoint(model, step, state={"method": METHOD, **totals},
                                     keep=cfg.run.keep_checkpoints, write_extra=write_trainer_files)
+            if budget_reached(cfg.run, totals, step):  # run.match / run.budget spent: this update is the last
+                control.should_training_stop = True
             self.session_seconds += self.seconds
             self.session_steps += 1
             if progress:
@@ -500,7 +512,7 @@ def train(cfg: GRPOJob, comps, run: RunDir, start, examples: list, *, probe: Cal
         trainer_ref["trainer"] = trainer
         for cb in (PrinterCallback, ProgressCallback):
             trainer.remove_callback(cb)
-        if start.step < g.steps:
+        if start.step < g.steps and not budget_reached(cfg.run, totals, start.step):
             trainer.train(resume_from_checkpoint=str(start.checkpoint) if start.checkpoint is not None else None)
         final_step = max(start.step, int(trainer.state.global_step))
     _restore_plain_model(model, use_cache)

@@ -8,7 +8,8 @@ a run directory and numbers from the CLI are measured identically. ES and GRPO s
   ``eval_<label>.json`` and logged as a ``kind="eval"`` metrics record.
 - ``make_probe`` (``[probe]``): every ``probe.every`` updates, ``probe.n_samples`` samples on
   ``probe.count`` problems of a held-out task (by default a different task from the training one,
-  as the paper probes GPQA while training on GSM8K) -> token entropy, pass@1, pass@k. Logged as
+  as "Understanding Evolution Strategies for LLM Reasoning" (arXiv 2608.27351) probes GPQA while
+  training on GSM8K) -> token entropy, pass@1, pass@k. Logged as
   ``kind="probe"`` records; ``plots/probe.png`` draws them.
 
 ``evolm eval --like RUN_DIR`` measures a model with a run's own ``[eval]`` settings (``like_config``,

@@ -21,6 +21,11 @@ Design decisions:
   half-written is cleaned first; a live process still writing the run is refused. The resolved config
   is written back and appended to ``config_history.jsonl`` with the fields the resume changed,
   records newer than the starting point are dropped, and the method's loop continues from ``Start``.
+- ``open_run`` records the weights a new run starts from in ``run.json`` (``base``: their float32
+  fingerprint, ``evolm.state``, and where to find them), because every analysis of the run compares
+  with exactly those weights. A float32 model's step-0 weights are its spec's; a lower-precision
+  model (``model.dtype = "bfloat16"``) starts from the spec *rounded*, so those rounded weights are
+  saved to ``<run>/base/`` (in the model's dtype: exact, half the size of float32).
 - ``start_measurements`` takes the held-out evaluation before training and the step-0 probe, once
   (a resume that already logged them does not measure them again; a sweep can hand in a shared
   ``eval_before``); ``finish_run`` takes the final probe (unless logged), saves ``final/``, the
@@ -61,7 +66,9 @@ from evolm.es import engine as es_engine
 from evolm.es import ray_population
 from evolm.heldout import check_measurements, heldout_eval, make_probe, probe_record
 from evolm.plots import plot_training
-from evolm.runs import RunDir, TrainResult, atomic_write_text, peak_rss_mb, save_model_dir, this_process, writer_alive
+from evolm.runs import (RunDir, TrainResult, atomic_write_text, budget_reached, peak_rss_mb, save_model_dir, this_process,
+                        writer_alive)
+from evolm.state import lower_precision, model_fingerprint
 from evolm.tasks import make_task
 from evolm.tasks.base import Task
 
@@ -140,8 +147,8 @@ class Resumable:
     """How to say where a resume continues, when not from one checkpoint (pipelines: stage by stage)."""
 
 
-ES_RESUME = Resumable("es.iterations", from_final=True)
-GRPO_RESUME = Resumable("grpo.steps")
+ES_RESUME = Resumable("es.iterations", may_change=("run.budget",), from_final=True)
+GRPO_RESUME = Resumable("grpo.steps", may_change=("run.budget",))
 
 
 def _budget(cfg, rules: Resumable) -> int:
@@ -181,7 +188,7 @@ def resume_point(cfg, kind: str, run: RunDir, rules: Resumable) -> Start:
                         f"without redoing its updates. Rebuild its weights (`evolm replay {run.path} --step {reached}` "
                         f"for ES) and start a new run from them (--set model.spec=DIR)")
     if done is not None:
-        if budget == done:
+        if budget == done or budget_reached(cfg.run, final, done):  # the update cap, or run.match's budget, spent
             return Start(done, run.path / "final", final, done=True)
         if rules.from_final:
             return Start(done, run.path / "final", final)
@@ -208,11 +215,34 @@ def _show(value) -> str:
     return config_mod.toml_inline(value) if value is not None else "(unset)"
 
 
+BASE_DIR = "base"
+"""Where a run whose model is not float32 keeps the (rounded) weights it started from."""
+
+
+def base_record(cfg, model, injected: bool) -> dict:
+    """What ``run.json`` says about the weights a run starts from (``base``): their fingerprint
+    (``evolm.state.model_fingerprint``: float32 values, tied tensors once), the config's spec and
+    dtype, ``weights``: ``"spec"`` (the spec's own weights), ``"base"`` (the model's weights were
+    rounded to a lower precision; saved in ``<run>/base/``) or ``"injected"`` (a model handed in by the
+    caller: the spec need not hold these weights; the fingerprint decides), and ``path``: where the
+    weights are, relative to the run directory, when evolm knows (``base``; a pipeline stage points
+    at the stage before it)."""
+    low = lower_precision(model)
+    weights = BASE_DIR if low else ("injected" if injected else "spec")
+    return {"fingerprint": model_fingerprint(model), "spec": cfg.model.spec, "dtype": cfg.model.dtype,
+            "weights": weights, "path": BASE_DIR if weights == BASE_DIR else None, "rounded_to": low or None}
+
+
 def open_run(cfg, kind: str, *, resume: RunDir | str | Path | None = None, run_dir: str | Path | None = None,
-             info: dict | None = None, rules: Resumable | None = None, say: Say = print) -> tuple[RunDir, Start]:
+             info: dict | None = None, rules: Resumable | None = None, say: Say = print, model=None,
+             injected: bool = False) -> tuple[RunDir, Start]:
     """Create the run directory (``run_dir``, default ``run.out_dir / run.name``) or reopen ``resume``
     (checked by ``resume_point`` with ``rules``). A resume of a run that has nothing left to do returns
-    ``Start(done=True)`` and changes no file."""
+    ``Start(done=True)`` and changes no file.
+
+    ``model`` (a new run): the model training starts from; its fingerprint goes into ``run.json``
+    (``base_record``), and a lower-precision model's weights into ``<run>/base/``. ``injected``: the
+    caller built the model (its weights need not be ``model.spec``'s)."""
     toml = config_mod.to_toml(cfg)
     resolved = config_mod.to_dict(cfg)
     trackers.check(cfg.run.report_to)  # a missing tracker package fails before any file changes
@@ -241,8 +271,13 @@ def open_run(cfg, kind: str, *, resume: RunDir | str | Path | None = None, run_d
         out_dir, name = path.parent, path.name
     else:
         out_dir, name = Path(cfg.run.out_dir), cfg.run.name
+    base = base_record(cfg, model, injected) if model is not None else None
     run = RunDir.create(out_dir, name, toml, kind=kind, info={"model": cfg.model.spec, "task": cfg.task.name, **(info or {})})
     run.log_config("create", 0, resolved)
+    if base is not None:
+        if base["weights"] == BASE_DIR:
+            save_model_dir(run.path / BASE_DIR, model, None, extra={"base.json": base})
+        run.update_info(base=base)
     return run, Start()
 
 
@@ -356,7 +391,8 @@ def run_es(cfg, resume=None, *, model=None, tokenizer=None, task: Task | None = 
     # refuses a selection that matches nothing, or a config that is not the resumed run's, before any file changes
     # a vLLM generator wraps the ParamSet so that members are perturbed inside its engine
     params = es_engine.build_paramset(comps.model, cfg, header, comps.generator)
-    run, start = open_run(cfg, es_engine.METHOD, resume=resume, run_dir=run_dir, rules=ES_RESUME, say=say)
+    run, start = open_run(cfg, es_engine.METHOD, resume=resume, run_dir=run_dir, rules=ES_RESUME, say=say,
+                          model=comps.model, injected=model is not None)
     say(f"[evolm] run directory: {run.path}")
     with marking_failures(run), tracking(cfg, run, es_engine.METHOD, start):
         probe = start_measurements(cfg, comps, run, start, es_engine.METHOD, probe=probe, eval_before=eval_before, say=say)
@@ -401,7 +437,8 @@ def run_grpo(cfg, resume=None, *, model=None, tokenizer=None, task: Task | None 
         comps.model.load_state_dict(init_state_dict)
     examples = grpo.training_examples(cfg, comps.task)
     check_measurements(cfg, comps.task, probe_given=probe is not None)
-    run, start = open_run(cfg, grpo.METHOD, resume=resume, run_dir=run_dir, rules=GRPO_RESUME, say=say)
+    run, start = open_run(cfg, grpo.METHOD, resume=resume, run_dir=run_dir, rules=GRPO_RESUME, say=say, model=comps.model,
+                          injected=model is not None or init_state_dict is not None)
     grpo.check_resumable(start)
     say(f"[evolm] run directory: {run.path}")
     with marking_failures(run), tracking(cfg, run, grpo.METHOD, start):

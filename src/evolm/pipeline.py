@@ -10,6 +10,12 @@ Design decisions:
 
 - One update is one ES iteration or one GRPO optimizer step (the budget ES and GRPO already share).
   ``plan_stages`` turns the stage list into exact update counts (pure; rounding rule in its docstring).
+- ``pipeline.match`` counts the budget in another quantity every training record logs: sequences,
+  tokens or seconds. The stages are then fractions of it, and stage i runs (``run.match`` /
+  ``run.budget`` of its config) until the pipeline's total reaches ``budget × (the shares of stages
+  0..i)``, so an overshoot of one stage (less than one update) is taken from the next stage's share
+  instead of adding up; ``es.iterations`` and ``grpo.steps`` cap each stage's updates. Global step
+  numbers follow the updates the stages actually ran.
 - A stage is an ordinary ES or GRPO run made by ``jobs.run_es`` / ``jobs.run_grpo`` in
   ``<run>/stages/NN-<method>/``, with a config derived from the pipeline's (``stage_config``): the
   stage's updates as ``es.iterations`` / ``grpo.steps`` and a seed derived from ``run.seed`` and the
@@ -56,7 +62,7 @@ import shutil
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Literal, Mapping, Sequence
 
 from evolm import config as config_mod
 from evolm import jobs, models
@@ -67,7 +73,7 @@ from evolm.errors import ConfigError, UserError
 from evolm.grpo import GRPOJob, GRPOSection
 from evolm.heldout import check_measurements, heldout_eval, make_probe
 from evolm.plots import plot_training
-from evolm.runs import TOTALS, RunDir, atomic_write_jsonl, load_weights, peak_rss_mb
+from evolm.runs import TOTALS, RunDir, atomic_write_jsonl, load_weights, peak_rss_mb, spent
 from evolm.seeding import seed31
 
 METHODS = ("grpo", "es")
@@ -85,14 +91,16 @@ RESUME = jobs.Resumable("pipeline.budget", may_change=("pipeline.stages", "pipel
 @dataclass
 class PipelineSection:
     budget: int = 20
-    """Total updates of the pipeline, shared by its stages (one ES iteration = one GRPO optimizer step = one update)."""
+    """Total budget of the pipeline, shared by its stages, in pipeline.match units: updates (one ES iteration = one GRPO optimizer step = one update), or sequences, tokens, seconds."""
     stages: list[str] = field(default_factory=lambda: ["grpo:0.5", "es:0.5"])
     """Stages in order, each "method:amount" with method grpo or es. Amounts written with '.' or '/' (0.5, 1/3) are fractions of the budget (they must sum to 1; rounded by largest remainder); integers (10) are update counts (they must sum to the budget unless interleave is on)."""
     interleave: bool = False
     """Repeat the stages (given as update counts) in order until the budget is spent; the last stage is cut short to fit."""
+    match: Literal["updates", "sequences", "tokens", "seconds"] = "updates"
+    """The quantity budget counts. updates: exact update counts per stage. sequences, tokens, seconds (generated sequences, generated tokens, update seconds, as every training record logs them): stages are fractions of the budget, each runs until the pipeline's running total reaches its cumulative share, and es.iterations / grpo.steps cap each stage's updates."""
 
     def validate(self, p: str) -> None:
-        plan_stages(self.stages, self.budget, self.interleave, prefix=p)
+        plan_stages(self.stages, self.budget, self.interleave, prefix=p, match=self.match)
 
 
 @dataclass
@@ -100,8 +108,9 @@ class PipelineJob:
     """A sequence of GRPO and ES stages sharing one update budget: ``evolm pipeline --config FILE``.
 
     ``es`` and ``grpo`` configure every stage of that method, except their budgets (``es.iterations``,
-    ``grpo.steps``), which come from ``pipeline``. ``eval`` and ``probe`` are measured on the
-    pipeline as a whole (see ``evolm.pipeline``).
+    ``grpo.steps``), which come from ``pipeline`` (with ``pipeline.match`` other than updates they cap
+    each stage's updates). ``eval`` and ``probe`` are measured on the pipeline as a whole (see
+    ``evolm.pipeline``).
     """
 
     run: RunConfig = field(default_factory=lambda: RunConfig(name="pipeline-run"))
@@ -125,7 +134,9 @@ class PipelineJob:
                 f"model.dtype must be float32 in a pipeline (got {self.model.dtype}): stages hand the weights over in "
                  "memory, and ES keeps float32 masters apart from a lower-precision model")
         p = self.pipeline
-        if any(s.method == "grpo" for s in plan_stages(p.stages, p.budget, p.interleave)):
+        require(self.run.match == "updates",
+                f"run.match is set per stage by a pipeline; set pipeline.match = '{self.run.match}' instead")
+        if any(s.method == "grpo" for s in plan_stages(p.stages, p.budget, p.interleave, match=p.match)):
             GRPOJob(run=self.run, model=self.model, grpo=self.grpo).validate_job()
 
 
@@ -142,7 +153,9 @@ class Stage:
     index: int
     """Position in the plan (0-based); names the stage directory."""
     start: int = 0
-    """Updates done in the pipeline before this stage."""
+    """Updates done in the pipeline before this stage (planned; 0 when the budget is not in updates)."""
+    target: float | None = None
+    """For a budget in sequences, tokens or seconds: the pipeline's total this stage runs until (cumulative share x budget); None for updates."""
 
     @property
     def name(self) -> str:
@@ -181,8 +194,13 @@ def largest_remainder(shares: Sequence[Fraction], total: int) -> list[int]:
     return counts
 
 
-def plan_stages(stages: Sequence[str], budget: int, interleave: bool = False, prefix: str = "pipeline") -> list[Stage]:
+def plan_stages(stages: Sequence[str], budget: int, interleave: bool = False, prefix: str = "pipeline",
+                match: str = "updates", caps: Mapping[str, int] | None = None) -> list[Stage]:
     """The stages to run, with exact update counts summing to ``budget`` (pure).
+
+    With ``match`` sequences, tokens or seconds the amounts must be fractions (no ``interleave``): stage
+    i gets ``target`` = budget × (shares of stages 0..i) in that quantity and ``updates`` = its method's
+    cap (``caps[method]``: ``es.iterations`` / ``grpo.steps``; 0 when not given).
 
     - Fractions (every amount written with '.', '/' or an exponent: ``0.25``, ``1/3``): each in
       (0, 1], summing to exactly 1 (compared as exact rationals, so ``0.3, 0.7`` is fine and
@@ -201,24 +219,15 @@ def plan_stages(stages: Sequence[str], budget: int, interleave: bool = False, pr
         raise ConfigError(f"{prefix}.stages must list at least one stage, e.g. ['grpo:0.5', 'es:0.5']")
     parsed = [parse_stage(s, f"{prefix}.stages[{i}]") for i, s in enumerate(stages)]
     kinds = {_is_fraction(a) for _, a in parsed}
+    if match != "updates":
+        return _plan_by_share(parsed, stages, budget, interleave, prefix, match, caps or {})
     if len(kinds) > 1:
         raise ConfigError(f"{prefix}.stages mixes fractions and update counts ({', '.join(stages)}): use one kind")
     methods = [m for m, _ in parsed]
     if kinds == {True}:
         if interleave:
             raise ConfigError(f"{prefix}.interleave needs stages given as update counts (e.g. 'grpo:5'), not fractions")
-        shares = []
-        for i, (_, a) in enumerate(parsed):
-            try:
-                f = Fraction(a)
-            except (ValueError, ZeroDivisionError):
-                raise ConfigError(f"{prefix}.stages[{i}]: '{a}' is not a number") from None
-            if not 0 < f <= 1:
-                raise ConfigError(f"{prefix}.stages[{i}]: a fraction must lie in (0, 1] (got {a})")
-            shares.append(f)
-        if sum(shares) != 1:
-            raise ConfigError(f"{prefix}.stages fractions must sum to 1 (got {float(sum(shares)):g}: {', '.join(stages)})")
-        counts = largest_remainder(shares, budget)
+        counts = largest_remainder(_fractions(parsed, stages, prefix), budget)
     else:
         counts = []
         for i, (_, a) in enumerate(parsed):
@@ -250,16 +259,54 @@ def plan_stages(stages: Sequence[str], budget: int, interleave: bool = False, pr
     return plan
 
 
+def _fractions(parsed, stages, prefix) -> list[Fraction]:
+    shares = []
+    for i, (_, a) in enumerate(parsed):
+        try:
+            f = Fraction(a)
+        except (ValueError, ZeroDivisionError):
+            raise ConfigError(f"{prefix}.stages[{i}]: '{a}' is not a number") from None
+        if not 0 < f <= 1:
+            raise ConfigError(f"{prefix}.stages[{i}]: a fraction must lie in (0, 1] (got {a})")
+        shares.append(f)
+    if sum(shares) != 1:
+        raise ConfigError(f"{prefix}.stages fractions must sum to 1 (got {float(sum(shares)):g}: {', '.join(stages)})")
+    return shares
+
+
+def _plan_by_share(parsed, stages, budget, interleave, prefix, match, caps) -> list[Stage]:
+    """Stages of a budget in sequences, tokens or seconds: fractions only, each with its cumulative target."""
+    if interleave:
+        raise ConfigError(f"{prefix}.interleave needs {prefix}.match = 'updates' (stages given as update counts)")
+    if not all(_is_fraction(a) for _, a in parsed):
+        raise ConfigError(f"{prefix}.match = '{match}' needs stages given as fractions of the budget (e.g. 'grpo:0.5'), "
+                          f"not update counts (got {', '.join(stages)})")
+    shares = _fractions(parsed, stages, prefix)
+    plan, done = [], Fraction(0)
+    for (method, _), share in zip(parsed, shares):
+        done += share
+        plan.append(Stage(method=method, updates=int(caps.get(method, 0)), index=len(plan), target=float(done * budget)))
+    return plan
+
+
 def stage_seed(root: int, index: int) -> int:
     """The ``run.seed`` of stage ``index`` (independent keys per stage: no reused ES noise, no reused GRPO problems)."""
     return seed31(root, "pipeline-stage", index)
 
 
-def stage_config(cfg: PipelineJob, stage: Stage, stages_dir: str | Path):
+MIN_STAGE_BUDGET = 1e-9
+"""A stage whose share the stages before it already spent still runs one update (its budget is this)."""
+
+
+def stage_config(cfg: PipelineJob, stage: Stage, stages_dir: str | Path, spent_before: float = 0.0):
     """The ``ESJob`` or ``GRPOJob`` of one stage: the pipeline's sections with the stage's budget,
-    seed and directory; held-out evaluation off (the pipeline does it once)."""
+    seed and directory; held-out evaluation off (the pipeline does it once). For a budget in
+    sequences, tokens or seconds, ``spent_before`` is what the earlier stages spent: the stage's
+    ``run.budget`` is the rest of its cumulative target."""
     run = dataclasses.replace(copy.deepcopy(cfg.run), name=stage.name, out_dir=str(stages_dir),
                               seed=stage_seed(cfg.run.seed, stage.index), report_to=[], save_dtype="float32")
+    if stage.target is not None:
+        run = dataclasses.replace(run, match=cfg.pipeline.match, budget=max(stage.target - spent_before, MIN_STAGE_BUDGET))
     common = dict(run=run, model=copy.deepcopy(cfg.model), task=copy.deepcopy(cfg.task),
                   generation=copy.deepcopy(cfg.generation), eval=dataclasses.replace(cfg.eval, before_after=False),
                   probe=copy.deepcopy(cfg.probe))
@@ -272,13 +319,25 @@ def stage_config(cfg: PipelineJob, stage: Stage, stages_dir: str | Path):
 # the combined metrics stream (pure over the files)
 
 
-def _eval_record(path: Path, stage: Stage) -> dict | None:
+def _eval_record(path: Path, stage: Stage, offset: int) -> dict | None:
     if not path.exists():
         return None
     report = json.loads(path.read_text())
     return {"step": report.get("step", 0), "stage": stage.index, "stage_method": stage.method,
-            "stage_step": report.get("step", 0) - stage.start, "kind": "eval", "label": report.get("label"),
+            "stage_step": report.get("step", 0) - offset, "kind": "eval", "label": report.get("label"),
             "task": report.get("task"), **report.get("summary", {})}
+
+
+def stage_steps(run_path: str | Path, stage: Stage) -> int:
+    """Updates a stage has run (its last training record's step; 0 before its first)."""
+    train = RunDir(Path(run_path) / "stages" / stage.name).train_records()
+    return int(train[-1]["step"]) if train else 0
+
+
+def stage_spent(run_path: str | Path, stage: Stage, match: str) -> float:
+    """What a stage has spent in ``match`` units (its last training record's running total)."""
+    train = RunDir(Path(run_path) / "stages" / stage.name).train_records()
+    return spent(train[-1], match) if train else 0.0
 
 
 def combined_records(run_path: str | Path, plan: Sequence[Stage]) -> list[dict]:
@@ -286,22 +345,25 @@ def combined_records(run_path: str | Path, plan: Sequence[Stage]) -> list[dict]:
     ``metrics.jsonl`` (in plan order) and ``eval_after.json``.
 
     Stage records get ``stage``, ``stage_method``, ``stage_step`` (their own ``step``) and a global
-    ``step`` (= stage start + stage step); training records get pipeline-wide running totals
+    ``step`` (= the updates earlier stages ran + stage step); training records get pipeline-wide running totals
     ``seconds_total``, ``gen_sequences_total``, ``gen_tokens_total``. A later stage's step-0 probe
     repeats the previous stage's final probe (same weights) and is left out.
     """
     run_path = Path(run_path)
     out = []
     if plan:
-        before = _eval_record(run_path / "eval_before.json", plan[0])
+        before = _eval_record(run_path / "eval_before.json", plan[0], 0)
         if before:
             out.append(before)
     totals = {k: 0 for k in TOTALS}
+    offset = 0
     for stage in plan:
+        start = offset
+        offset += stage_steps(run_path, stage)
         for r in RunDir(run_path / "stages" / stage.name).metrics():
             if stage.index > 0 and r.get("kind") == "probe" and r.get("step") == 0:
                 continue
-            rec = {"step": stage.start + int(r.get("step", 0)), "stage": stage.index, "stage_method": stage.method,
+            rec = {"step": start + int(r.get("step", 0)), "stage": stage.index, "stage_method": stage.method,
                    "stage_step": int(r.get("step", 0))}
             rec.update({k: v for k, v in r.items() if k not in rec and k != "step"})
             if r.get("kind") == "train":
@@ -310,7 +372,7 @@ def combined_records(run_path: str | Path, plan: Sequence[Stage]) -> list[dict]:
                     rec[f"{k}_total"] = totals[k]
             out.append(rec)
     if plan:
-        after = _eval_record(run_path / "eval_after.json", plan[-1])
+        after = _eval_record(run_path / "eval_after.json", plan[-1], offset - stage_steps(run_path, plan[-1]))
         if after:
             out.append(after)
     return out
@@ -367,7 +429,8 @@ class _NoLog:
 
 
 def _plan_dicts(plan: Sequence[Stage]) -> list[dict]:
-    return [dataclasses.asdict(s) | {"name": s.name} for s in plan]
+    return [{k: v for k, v in dataclasses.asdict(s).items() if not (k == "target" and v is None)} | {"name": s.name}
+            for s in plan]
 
 
 def _check_plan_on_resume(run, plan: Sequence[Stage]) -> None:
@@ -377,7 +440,8 @@ def _check_plan_on_resume(run, plan: Sequence[Stage]) -> None:
         if RunDir(run.path / "stages" / entry["name"]).state() != "finished":
             continue
         new = plan[i] if i < len(plan) else None
-        if new is None or (new.method, new.updates, new.start) != (entry["method"], entry["updates"], entry["start"]):
+        if new is None or (new.method, new.updates, new.start, new.target) != (entry["method"], entry["updates"], entry["start"],
+                                                                               entry.get("target")):
             raise UserError(f"{run.path}: stage {entry['name']} ({entry['method']}, {entry['updates']} updates) has finished "
                             "but the resumed config plans it differently; keep pipeline.stages/budget as they were "
                             "(a larger budget may only add updates after the finished stages)")
@@ -401,7 +465,7 @@ def run_pipeline(cfg: PipelineJob, resume=None, *, model=None, tokenizer=None, t
     """
     config_mod.validate(cfg)
     p = cfg.pipeline
-    plan = plan_stages(p.stages, p.budget, p.interleave)
+    plan = plan_stages(p.stages, p.budget, p.interleave, match=p.match, caps={"es": cfg.es.iterations, "grpo": cfg.grpo.steps})
     say = say_for(quiet)
     comps = jobs.build_components(cfg, model=model, tokenizer=tokenizer, task=task)
     check_measurements(cfg, comps.task, probe_given=probe is not None)
@@ -411,13 +475,14 @@ def run_pipeline(cfg: PipelineJob, resume=None, *, model=None, tokenizer=None, t
         if jobs.resume_point(cfg, KIND, resume, RESUME).done:
             return jobs.open_run(cfg, KIND, resume=resume, rules=RESUME, say=say)[0]
     run, _ = jobs.open_run(cfg, KIND, resume=resume, run_dir=run_dir, info={"plan": _plan_dicts(plan)}, rules=RESUME,
-                           say=say)
+                           say=say, model=comps.model, injected=model is not None)
     if resume is not None and run.info().get("plan") != _plan_dicts(plan):
         (run.path / "eval_after.json").unlink(missing_ok=True)
     run.update_info(plan=_plan_dicts(plan))
     say(f"[evolm] run directory: {run.path}")
-    say(f"[evolm] pipeline {run.path}: " + ", ".join(f"{s.method} x {s.updates}" for s in plan)
-        + f" ({p.budget} updates)")
+    say(f"[evolm] pipeline {run.path}: " + ", ".join(
+        f"{s.method} x {s.updates}" if s.target is None else f"{s.method} to {s.target:,.6g} {p.match} (at most {s.updates} updates)"
+        for s in plan) + f" ({p.budget} {p.match})")
     if probe is None:
         probe = make_probe(cfg, comps.tokenizer, comps.generator, comps.task)
     stage_probe = StageProbe(probe) if probe is not None else None
@@ -440,14 +505,15 @@ def run_pipeline(cfg: PipelineJob, resume=None, *, model=None, tokenizer=None, t
         for r in combined_records(run.path, plan):
             if r.get("kind") == "train":
                 totals = {k: r[k] for k in totals}
-        run.save_final(comps.model, comps.tokenizer, {"step": p.budget, "method": KIND, "plan": _plan_dicts(plan), **totals},
+        steps = sum(stage_steps(run.path, s) for s in plan)  # = p.budget for a budget in updates
+        run.save_final(comps.model, comps.tokenizer, {"step": steps, "method": KIND, "plan": _plan_dicts(plan), **totals},
                        dtype=cfg.run.save_dtype)
         if cfg.eval.before_after and not (run.path / "eval_after.json").exists():
             heldout_eval(cfg, comps.model, comps.tokenizer, comps.generator, comps.task, _NoLog(run), label="after",
-                         step=p.budget, say=say)
+                         step=steps, say=say)
         write_combined(run, plan)
         plot_training(run)
-        run.finish(steps=p.budget, peak_rss_mb=peak_rss_mb(), weights=cfg.run.save, **totals)
+        run.finish(steps=steps, peak_rss_mb=peak_rss_mb(), weights=cfg.run.save, **totals)
     say(f"[evolm] pipeline done: {run.path} (final weights in {run.path / 'final'})")
     return run
 
@@ -477,10 +543,14 @@ def _run_stages(cfg, run, plan, comps, stage_probe, callbacks, on_stage_start, q
             on_stage_start(stage, model)
         if stage_probe is not None:
             stage_probe.start_stage(continues_previous=ran_previous and state == "absent")
-        say(f"[evolm] stage {stage.name}: {stage.method} for {stage.updates} updates "
-            f"(pipeline updates {stage.start + 1}-{stage.start + stage.updates})"
-            + (", resuming" if state == "started" else ""))
-        scfg = stage_config(cfg, stage, run.path / "stages")
+        spent_before = sum(stage_spent(run.path, s, cfg.pipeline.match) for s in plan[:stage.index])
+        if stage.target is None:
+            what = f"for {stage.updates} updates (pipeline updates {stage.start + 1}-{stage.start + stage.updates})"
+        else:
+            what = (f"until the pipeline has spent {stage.target:,.6g} {cfg.pipeline.match} (now {spent_before:,.6g}; "
+                    f"at most {stage.updates} updates)")
+        say(f"[evolm] stage {stage.name}: {stage.method} {what}" + (", resuming" if state == "started" else ""))
+        scfg = stage_config(cfg, stage, run.path / "stages", spent_before)
         sync = lambda *_: write_combined(run, plan)  # noqa: E731
         resume = RunDir.open(sdir) if state == "started" else None
         if stage.method == "es":
@@ -490,7 +560,11 @@ def _run_stages(cfg, run, plan, comps, stage_probe, callbacks, on_stage_start, q
             jobs.run_grpo(scfg, resume=resume, model=model, tokenizer=comps.tokenizer, task=comps.task, run_dir=sdir,
                           probe=stage_probe, callbacks=[*callbacks.get("grpo", ()), _trainer_sync(sync)], quiet=quiet)
             generator.sync_weights()
-        RunDir(sdir).update_info(pipeline=str(run.path), stage=stage.index, stage_start=stage.start)
+        stage_run = RunDir(sdir)
+        stage_run.update_info(pipeline=str(run.path), stage=stage.index, stage_start=stage.start)
+        base = stage_run.info().get("base")
+        if base and stage.index > 0 and not base.get("path"):  # the stage started from the previous stage's final/
+            stage_run.update_info(base={**base, "path": f"../{plan[stage.index - 1].name}"})
         fingerprints.setdefault(stage.name, {})["final"] = models.fingerprint(model)
         run.update_info(fingerprints=fingerprints)
         write_combined(run, plan)

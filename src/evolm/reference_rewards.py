@@ -18,7 +18,7 @@ the references, not copied:
   target (``abs(float(value) - float(target)) < 1e-5``); any exception gives 0. Totals: 0, 0.01,
   0.05, 0.06, 0.1, and 1.05, 1.06, 1.1 when the answer is right (a right answer needs an answer
   block, so its format term is at least 0.5). The response is the generated text; when it contains
-  ``"assistant:"`` only the text after the last occurrence, stripped, is scored (what the paper's
+  ``"assistant:"`` only the text after the last occurrence, stripped, is scored (what Qiu et al.'s
   training and evaluation scripts do before calling ``reward_function``).
 - TinyZero (github.com/Jiayi-Pan/TinyZero, ``verl/utils/reward_score/countdown.py``,
   ``compute_score`` with ``format_score=0.1, score=1.0``), applied to prompt + response as TinyZero

@@ -601,6 +601,25 @@ def peak_rss_mb() -> float:
 TOTALS = ("seconds", "gen_sequences", "gen_tokens")
 """Per-update cost fields that records also carry as running totals (``<field>_total``)."""
 
+MATCH_FIELDS = {"updates": "step", "sequences": "gen_sequences_total", "tokens": "gen_tokens_total",
+                "seconds": "seconds_total"}
+"""The quantities runs can be matched on (``run.match``, ``pipeline.match``, ``evolm report --match``) and the
+training-record field that holds each one's running total."""
+
+
+def spent(record: dict, unit: str) -> float:
+    """How much of ``unit`` (a ``MATCH_FIELDS`` key) a run had spent by ``record`` (a training record, or
+    running totals with ``step``); 0 when the record does not say."""
+    return float(record.get(MATCH_FIELDS[unit]) or 0)
+
+
+def budget_reached(run_cfg, totals: dict, step: int) -> bool:
+    """Whether a run with ``run.match`` / ``run.budget`` (``config.RunConfig``) has spent its budget after
+    ``step`` updates with running ``totals``; always False for an update budget (the loop's own count)."""
+    if run_cfg.match == "updates" or not run_cfg.budget:
+        return False
+    return spent({**totals, "step": step}, run_cfg.match) >= run_cfg.budget
+
 
 def _mean_std(values: list[float]) -> tuple[float, float]:
     """Mean and population standard deviation; values beyond 1e100 are scaled down first so squares and

@@ -13,7 +13,8 @@ Definitions (stated once, used everywhere):
 
 - ``smooth(values, w)``: trailing moving average, ``s_t = mean(values[max(0, t − w + 1) .. t])``;
   ``w = 1`` is no smoothing. Curves are smoothed before any comparison below.
-- Population scaling (Qiu et al.: "within 0.5% of the N = 30 reference at update 300"): for a
+- Population scaling ("Understanding Evolution Strategies for LLM Reasoning", arXiv 2608.27351, reports
+  which N stay "within 0.5% of the N = 30 reference at update 300" in its GSM8K runs): for a
   population N with smoothed reward curve r_N and the reference r_ref (default: the largest N of
   the group), compared on the updates both logged, ``within_band_from`` is the first update u such
   that for every compared update u' ≥ u: ``|r_N(u') − r_ref(u')| ≤ band × |r_ref(u')|``

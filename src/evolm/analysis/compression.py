@@ -1,6 +1,7 @@
 """Compression robustness: fake-quantise or magnitude-prune base, ES and GRPO weights and re-evaluate.
 
-The digest's untested worry: if ES's gains live in a few large-magnitude coordinates, compression
+An untested worry raised about "Understanding Evolution Strategies for LLM Reasoning" (arXiv
+2608.27351): if ES's gains live in a few large-magnitude coordinates, compression
 that treats magnitude as importance might keep them, while uniform quantisation or pruning might
 not. This module provides the weight transforms and a runner that evaluates every (model, method)
 pair with any ``evaluate(state) -> metrics`` callable.
@@ -16,8 +17,9 @@ Design decisions:
   stores ``[in, out]``, so ``axis=0`` is per *input* channel there; the bound holds either way.)
 - Which tensors are compressed is explicit: by default the 2-D weight matrices of the attention and
   MLP blocks (what weight-only int8/int4 and magnitude pruning usually touch); norms, biases,
-  embeddings and the LM head stay in float32 unless ``categories`` says otherwise. Because ES puts
-  its largest updates in norm weights, the report records the categories touched.
+  embeddings and the LM head stay in float32 unless ``categories`` says otherwise. Where a run's
+  largest updates land is for ``evolm analyze localisation`` to measure (the paper reports norm
+  weights for its ES runs), so the report records the categories touched.
 - ``magnitude_prune(state, sparsity, scope="global")`` zeroes the ``sparsity`` fraction of the selected
   coordinates with the smallest |w|, ranked across all selected tensors together (``"global"``) or
   within each tensor (``"per_tensor"``). The exact count is pruned (ties at the threshold broken by

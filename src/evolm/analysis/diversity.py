@@ -1,9 +1,11 @@
-"""Population diversity (Qiu et al.'s Lemma 2): one sample per ES member versus N from the centre.
+"""Population diversity (Lemma 2 of "Understanding Evolution Strategies for LLM Reasoning", 2026,
+arXiv 2608.27351): one sample per ES member versus N from the centre.
 
-Lemma 2 says that drawing one answer from each of the M members of an ES population finds a correct
-answer at least as often as drawing M answers from a single policy, with equality iff the members
-coincide, and that the local gap grows with a verifier-projected Jensen–Shannon divergence among
-the members. The paper never isolates this; these are the quantities to measure it, as pure
+Lemma 2 states that, under the paper's smoothness and common-support conditions (a local result, small
+σ), drawing one answer from each of the M members of an ES population finds a correct answer at least
+as often as drawing M answers from a single policy, with equality iff the members coincide, and that
+the local gap grows with a verifier-projected Jensen–Shannon divergence among the members. The paper
+does not isolate this empirically; whether a given population shows it is measured here, as pure
 functions of correctness probabilities:
 
 - ``p_members[i, j]``: probability that member i answers prompt j correctly; ``q_center[j]``: the same
@@ -178,8 +180,9 @@ def diversity_report(data: dict) -> dict:
 
 # -- report --------------------------------------------------------------------------------------------
 
-REPORT_TEXT = ("Lemma 2: one sample per ES population member versus N samples from the centre, and the "
-               "verifier-projected Jensen-Shannon divergence among the members (`evolm analyze diversity`).")
+REPORT_TEXT = ("Lemma 2 of \"Understanding Evolution Strategies for LLM Reasoning\" (arXiv 2608.27351), measured: one "
+               "sample per ES population member versus N samples from the centre, and the verifier-projected "
+               "Jensen-Shannon divergence among the members (`evolm analyze diversity`).")
 
 
 def report_table(result: dict) -> Table:

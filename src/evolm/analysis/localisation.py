@@ -1,10 +1,15 @@
-"""Localisation: where the largest coordinates of the update Δ = θ − θ0 land.
+"""Localisation: where the largest coordinates of the update Δ = θ − θ0 land, against a null.
 
-Qiu et al. count the top-k coordinates of |Δ| by parameter type: in DeepSeek-R1-Distill-Qwen-1.5B,
-117 of ES's top 144 are LayerNorm weights and 24 attention-projection biases, while GRPO's top 100
-are all token embeddings or the LM head, and GRPO's largest update is an order of magnitude smaller.
-``top_k_localisation`` returns those counts (by ``categories.param_category`` and
-``param_subcategory``) together with every selected coordinate.
+"Understanding Evolution Strategies for LLM Reasoning" (2026, arXiv 2608.27351) counts the top-k
+coordinates of |Δ| by parameter type and reports, for its runs, that 117 of ES's top 144 in
+DeepSeek-R1-Distill-Qwen-1.5B are LayerNorm weights and 24 attention-projection biases, while GRPO's
+top 100 are all token embeddings or the LM head. ``top_k_localisation`` returns those counts (by
+``categories.param_category`` and ``param_subcategory``) together with every selected coordinate, and
+what makes them readable: per category the count expected if the top k were a random draw of the
+trained coordinates (``k × the category's share of them``), the enrichment ratio observed / expected,
+its exact binomial interval and p-values (``evolm.analysis.enrichment``). A raw count is not a
+finding: norm weights are 0.026% of SmolLM2-135M's parameters, so an isotropic update puts 0.026 of
+its top 100 there, and 3 norm coordinates would be a 100-fold enrichment.
 
 Design decisions:
 
@@ -12,39 +17,52 @@ Design decisions:
   ``min(k, numel)`` candidates, and the global top k is taken among the candidates.
 - Ties are broken deterministically (larger |Δ| first, then parameter name, then flat index), so the
   same checkpoints always give the same list.
+- The null's population is the coordinates the run trained (``scope``: an ES run's perturbed tensors,
+  from its seed-log header; default all), so restricting ES to some categories does not make the
+  others look depleted. Only coordinates that changed can be selected; when fewer than k changed, the
+  null is over the ``num_selected`` that were.
+- ``base`` must be the weights the run started from: against a float32 base, a bfloat16 run's Δ holds
+  the rounding of every weight (up to 0.0039 on weights between 1 and 2, often norm weights), which
+  puts the top k wherever the rounding is largest, whatever training did. ``evolm analyze`` checks the base against the run's recorded
+  fingerprint.
 - Tied embeddings are counted once, as ``embedding``: for a tied model the embedding row *is* the LM
   head row, which the caller reports as ``tied_embeddings``.
-- The report section (``report_section``) lives here, next to the computation: the top-k counts per
-  category, beside ``plots.plot_localisation``.
+- The report section (``report_section``) lives here, next to the computation: per category the
+  expected and observed counts, the enrichment and its interval and p-values, beside
+  ``plots.plot_localisation``.
 """
 
 from __future__ import annotations
 
 from evolm.analysis import plots
+from evolm.analysis.enrichment import format_p, top_k_enrichment
 from evolm.analysis.weights import check_compatible
 from evolm.categories import CATEGORIES, param_category, param_subcategory
 from evolm.document import Canvas, Section, Table
 
 
-def top_k_localisation(base: dict, trained: dict, k: int = 100) -> dict:
+def top_k_localisation(base: dict, trained: dict, k: int = 100, scope=None) -> dict:
     """The ``k`` largest-|Δ| coordinates of ``trained − base``, counted by category and subcategory.
 
     Returns ``k``, ``num_selected`` (fewer than k when fewer coordinates changed), ``by_category``
     (every category, zeros included), ``by_subcategory``, ``max_abs_delta``, ``kth_abs_delta`` (the
-    smallest selected |Δ|), and ``coordinates``: a list of ``{name, index (the multi-dimensional
-    position), delta, base, trained, category, subcategory}`` in decreasing |Δ|.
+    smallest selected |Δ|), ``enrichment`` (``scope``, ``num_params`` and, ``by_category`` and
+    ``by_subcategory``, each group's ``count_enrichment`` against the trained coordinates in ``scope``:
+    tensor names, None for all), and ``coordinates``: a list of ``{name, index (the
+    multi-dimensional position), delta, base, trained, category, subcategory}`` in decreasing |Δ|.
     """
-    return top_k_localisations(base, trained, [k])[k]
+    return top_k_localisations(base, trained, [k], scope)[k]
 
 
-def top_k_localisations(base: dict, trained: dict, ks) -> dict:
-    """``{k: top_k_localisation(base, trained, k)}`` for several k, from one pass over the weights."""
+def top_k_localisations(base: dict, trained: dict, ks, scope=None) -> dict:
+    """``{k: top_k_localisation(base, trained, k, scope)}`` for several k, from one pass over the weights."""
     import torch  # local: torch is slow to import, and `evolm --help` imports this module
 
     ks = sorted({int(k) for k in ks})
     if not ks or ks[0] < 1:
         raise ValueError(f"every k must be >= 1 (got {ks})")
     check_compatible(base, trained)
+    population = parameter_counts(base, scope)
     k_max = ks[-1]
     candidates: list[tuple[float, str, int, float]] = []
     for name in sorted(base):
@@ -56,10 +74,26 @@ def top_k_localisations(base: dict, trained: dict, ks) -> dict:
         values, idx = values[keep], idx[keep]
         candidates += zip(values.tolist(), [name] * len(idx), idx.tolist(), d[idx].tolist())
     candidates.sort(key=lambda c: (-c[0], c[1], c[2]))
-    return {k: _summarise(base, trained, candidates[:k], k) for k in ks}
+    return {k: _summarise(base, trained, candidates[:k], k, population) for k in ks}
 
 
-def _summarise(base: dict, trained: dict, chosen: list, k: int) -> dict:
+def parameter_counts(state: dict, scope=None) -> dict:
+    """The null's population: ``{"scope", "num_params", "by_category", "by_subcategory", "names"}``: coordinate
+    counts over the tensors in ``scope`` (names; None: every tensor of ``state``), and those tensors' names."""
+    names = sorted(state) if scope is None else sorted(set(scope) & set(state))
+    by_category = {c: 0 for c in CATEGORIES}
+    by_subcategory: dict[str, int] = {}
+    for name in names:
+        n = state[name].numel()
+        by_category[param_category(name)] += n
+        sub = param_subcategory(name)
+        by_subcategory[sub] = by_subcategory.get(sub, 0) + n
+    return {"scope": "all parameters" if len(names) == len(state) else f"{len(names)} of {len(state)} tensors (the ones the run trained)",
+            "num_params": sum(by_category.values()), "by_category": by_category, "by_subcategory": by_subcategory,
+            "names": set(names)}
+
+
+def _summarise(base: dict, trained: dict, chosen: list, k: int, population: dict) -> dict:
     by_category = {c: 0 for c in CATEGORIES}
     by_subcategory: dict[str, int] = {}
     coordinates = []
@@ -70,13 +104,23 @@ def _summarise(base: dict, trained: dict, chosen: list, k: int) -> dict:
         coordinates.append({"name": name, "index": list(_unravel(flat, tuple(base[name].shape))), "delta": delta,
                             "base": float(base[name].flatten()[flat]), "trained": float(trained[name].flatten()[flat]),
                             "category": category, "subcategory": sub})
+    selected = len(chosen)
+    subs = {s: n for s, n in population["by_subcategory"].items() if n}
     return {
         "k": k,
-        "num_selected": len(chosen),
+        "num_selected": selected,
         "by_category": by_category,
         "by_subcategory": dict(sorted(by_subcategory.items(), key=lambda kv: (-kv[1], kv[0]))),
         "max_abs_delta": chosen[0][0] if chosen else 0.0,
         "kth_abs_delta": chosen[-1][0] if chosen else 0.0,
+        "enrichment": {
+            "scope": population["scope"], "num_params": population["num_params"],
+            "outside_scope": sum(1 for c in coordinates if c["name"] not in population["names"]),
+            "by_category": top_k_enrichment(by_category, selected, population["by_category"]) if selected else {},
+            # every subcategory the top k reached (a subcategory it missed is in the category row)
+            "by_subcategory": top_k_enrichment(by_subcategory, selected, {s: subs[s] for s in by_subcategory if s in subs},
+                                               total=population["num_params"]) if selected else {},
+        },
         "coordinates": coordinates,
     }
 
@@ -91,16 +135,38 @@ def _unravel(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
 
 # -- report --------------------------------------------------------------------------------------------
 
-REPORT_TEXT = "Where the largest-magnitude updates land, counted by parameter category (`evolm analyze localisation`)."
+REPORT_TEXT = ("Where the largest-magnitude updates land, against the null in which the top k are a random draw of "
+               "the trained coordinates: per category the expected count (k × its share of the trained parameters), "
+               "the observed count, the enrichment observed / expected with its exact 95% interval, and binomial "
+               "p-values for more (enriched) and fewer (depleted) than expected (`evolm analyze localisation`).")
 
 
 def report_table(result: dict) -> Table:
-    """Per model and k: the largest |Δ| and how many of the top k coordinates each category holds."""
-    rows = [[label, k, loc["max_abs_delta"]] + [loc["by_category"].get(c, 0) for c in CATEGORIES]
+    """Per model, k and category: parameter share, expected and observed counts, enrichment, interval, p-values."""
+    rows = []
+    for label, per_k in result["models"].items():
+        for k, loc in per_k.items():
+            for c, e in (loc.get("enrichment") or {}).get("by_category", {}).items():
+                lo_hi = e.get("enrichment_interval")
+                rows.append([label, k, c, e["parameter_share"], e["expected"], e["observed"], e["enrichment"],
+                             "" if lo_hi is None else f"{lo_hi[0]:.3g} – {lo_hi[1]:.3g}",
+                             format_p(e["p_enriched"]), format_p(e["p_depleted"])])
+    return Table(["model", "k", "category", "parameter share", "expected", "observed", "enrichment", "95% interval",
+                  "p (enriched)", "p (depleted)"], rows, "top-k largest |Δ| coordinates by category, against the null")
+
+
+def summary_table(result: dict) -> Table:
+    """Per model and k: coordinates selected, the largest and the k-th |Δ|, and the null's population."""
+    rows = [[label, k, loc["num_selected"], loc["max_abs_delta"], loc["kth_abs_delta"],
+             (loc.get("enrichment") or {}).get("scope"), (loc.get("enrichment") or {}).get("num_params")]
             for label, per_k in result["models"].items() for k, loc in per_k.items()]
-    return Table(["model", "k", "max |Δ|"] + list(CATEGORIES), rows, "top-k largest |Δ| coordinates by category")
+    return Table(["model", "k", "selected", "max |Δ|", "k-th |Δ|", "null over", "trained parameters"], rows)
+
+
+def report_tables(result: dict) -> list[Table]:
+    return [report_table(result), summary_table(result)]
 
 
 def report_section(entries, canvas: Canvas) -> Section:
     """The report section of ``localisation.json`` inputs: ``entries`` are ``(label, directory, result)``."""
-    return plots.report_section("localisation", REPORT_TEXT, entries, canvas, plots.plot_localisation, report_table)
+    return plots.report_section("localisation", REPORT_TEXT, entries, canvas, plots.plot_localisation, report_tables)

@@ -26,9 +26,9 @@ from evolm.document import Canvas, Figure, Section, Table
 
 
 def report_section(kind: str, text: str, entries, canvas: Canvas, plot: Callable[[dict, Path], Path],
-                   table: Callable[[dict], Table]) -> Section:
+                   table: Callable[[dict], Table | list[Table]]) -> Section:
     """The report section of one analysis kind: ``text``, then for each ``(label, directory, result)`` in
-    ``entries`` the figure ``plot(result, path)`` draws and the table ``table(result)``."""
+    ``entries`` the figure ``plot(result, path)`` draws and the table(s) ``table(result)``."""
     entries = list(entries)
     title = kind.replace("_", " ")
     sec = Section(f"Analysis: {title}", [text])
@@ -36,7 +36,8 @@ def report_section(kind: str, text: str, entries, canvas: Canvas, plot: Callable
         name = canvas.name(f"{kind}-{label}" if len(entries) > 1 else kind)
         plot(result, canvas.path(name))
         sec.blocks.append(Figure(name, f"{title} ({label})", f"from {Path(path) / (kind + '.json')}"))
-        sec.blocks.append(table(result))
+        tables = table(result)
+        sec.blocks.extend(tables if isinstance(tables, list) else [tables])
     return sec
 
 
@@ -71,21 +72,66 @@ def _rate_axis(ax, values) -> None:
 
 
 def plot_drift(result: dict, path) -> Path:
-    """Relative distance per category, one bar per trained model, on a linear axis from 0 (a bar half as
-    long is half the drift; a log axis starting above 0 would make it look ten times shorter)."""
+    """Left: relative distance per category, one bar per trained model, on a linear axis from 0 (a bar half
+    as long is half the drift; a log axis starting above 0 would make it look ten times shorter). Right
+    (when the JSON has it): each category's share of ‖Δ‖² over its parameter share, with the
+    permutation null's 95% interval."""
     models = result["models"]
     cats = [c for c in CATEGORIES if any(c in m["by_category"] for m in models.values())]
     series = {f"{label} (whole {m['relative_distance']:.3g})":
               [(m["by_category"].get(c) or {}).get("relative_distance") or 0.0 for c in cats] for label, m in models.items()}
-    fig = _figure()
-    ax = fig.add_subplot()
+    enriched = {label: m["enrichment"]["by_category"] for label, m in models.items() if m.get("enrichment")}
+    fig = _figure(11.0 if enriched else 7.0, 4.0)
+    ax = fig.add_subplot(1, 2, 1) if enriched else fig.add_subplot()
     _grouped_bars(ax, cats, series)
     ax.set_ylim(bottom=0)
     ax.set_ylabel("||θ − θ0|| / ||θ0|| (linear, from 0)")
     ax.set_title("Relative parameter drift by category")
     if len(series) == 1:
         ax.legend(list(series), fontsize=8)
+    if enriched:
+        right = fig.add_subplot(1, 2, 2)
+        points = {label: {c: (v["enrichment"], v.get("null_enrichment_interval")) for c, v in e.items()}
+                  for label, e in enriched.items()}
+        _enrichment_axes(right, points, "share of ||Δ||² / parameter share",
+                         "Enrichment of ||Δ||² (grey: 95% null interval)", null_bars=True)
     return _save(fig, path)
+
+
+def _enrichment_axes(ax, points: dict[str, dict[str, tuple]], ylabel: str, title: str, null_bars: bool = False) -> None:
+    """Enrichment per category on a log axis, a line at 1 (the null). ``points``: ``{series: {category:
+    (enrichment, [lo, hi])}}``; the interval is the estimate's (``null_bars`` False: drawn on the point)
+    or the null's (True: a grey bar around 1). A zero enrichment is drawn as an open marker at the floor,
+    with its interval's upper end."""
+    cats = [c for c in CATEGORIES if any(c in p for p in points.values())]
+    values = [v for p in points.values() for e, iv in p.values() for v in ([e] + list(iv or [])) if v]
+    floor = min([v for v in values if v > 0] + [1.0]) / 3
+    x = np.arange(len(cats))
+    width = 0.8 / max(len(points), 1)
+    for i, (label, per_cat) in enumerate(points.items()):
+        xs = x + (i - (len(points) - 1) / 2) * width
+        for xi, c in zip(xs, cats):
+            if c not in per_cat:
+                continue
+            e, iv = per_cat[c]
+            if e is None:
+                continue
+            y = max(e, floor)
+            color = f"C{i}"
+            if iv is not None:
+                lo, hi = max(iv[0], floor), max(iv[1], floor)
+                if null_bars:
+                    ax.plot([xi, xi], [lo, hi], color="0.6", lw=6, solid_capstyle="butt", zorder=1)
+                else:
+                    ax.plot([xi, xi], [lo, hi], color=color, lw=1.5, zorder=2)
+            ax.plot([xi], [y], "o", color=color, mfc=color if e > 0 else "white", ms=6, zorder=3,
+                    label=label if c == next(cc for cc in cats if cc in per_cat) else None)
+    ax.axhline(1.0, color="black", lw=0.8, ls="--")
+    ax.set_yscale("log")
+    ax.set_xticks(x, cats, rotation=20)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
 
 
 def plot_sparsity(result: dict, path) -> Path:
@@ -124,21 +170,35 @@ def plot_sparsity(result: dict, path) -> Path:
 
 
 def plot_localisation(result: dict, path) -> Path:
-    """Top-k counts per category, one bar per trained model (and per k)."""
-    series = {}
+    """Left: top-k counts per category (bars) and the null's expected counts (black ticks). Right: the
+    enrichment observed / expected with its exact 95% interval, log scale (1 = what chance gives)."""
+    series, expected, points = {}, {}, {}
     for label, per_k in result["models"].items():
         for k, loc in per_k.items():
-            series[f"{label} top-{k} (max |Δ| {loc['max_abs_delta']:.2g})"] = [loc["by_category"].get(c, 0) for c in CATEGORIES]
-    fig = _figure()
-    ax = fig.add_subplot()
+            name = f"{label} top-{k} (max |Δ| {loc['max_abs_delta']:.2g})"
+            series[name] = [loc["by_category"].get(c, 0) for c in CATEGORIES]
+            e = (loc.get("enrichment") or {}).get("by_category") or {}
+            expected[name] = [e[c]["expected"] if c in e else None for c in CATEGORIES]
+            if e:
+                points[f"{label} top-{k}"] = {c: (v["enrichment"], v.get("enrichment_interval")) for c, v in e.items()}
+    fig = _figure(11.0 if points else 7.0, 4.0)
+    ax = fig.add_subplot(1, 2, 1) if points else fig.add_subplot()
     _grouped_bars(ax, list(CATEGORIES), series)
+    x = np.arange(len(CATEGORIES))
+    width = 0.8 / max(len(series), 1)
+    for i, values in enumerate(expected.values()):
+        xs = [xi for xi, v in zip(x + (i - (len(series) - 1) / 2) * width, values) if v is not None]
+        ax.plot(xs, [v for v in values if v is not None], "_", color="black", ms=12, mew=2,
+                label="expected (null)" if i == 0 else None)
     ax.set_ylabel("coordinates among the top k of |Δ|")
     title = "Where the largest updates land"
     if result.get("tied_embeddings"):
         title += " (tied: embedding = LM head)"
-    ax.set_title(title)
-    if len(series) == 1:
-        ax.legend(list(series), fontsize=8)
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    if points:
+        _enrichment_axes(fig.add_subplot(1, 2, 2), points, "observed / expected (log)",
+                         "Enrichment with exact 95% interval (open: none observed)")
     return _save(fig, path)
 
 

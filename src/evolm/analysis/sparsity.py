@@ -1,8 +1,10 @@
 """Functional sparsity: how much of the update Δ = θ − θ0 is small, and does the small part matter.
 
-Qiu et al.: at a threshold τ within the magnitude range of a *single* ES update, 77.6–93.0% of the
-nonzero updates have |Δ| < τ, and the model ``θ0 + Δ·1[|Δ| ≥ τ]`` keeps target-task pass@1 until
-the update is very sparse. This module measures both halves:
+"Understanding Evolution Strategies for LLM Reasoning" (2026, arXiv 2608.27351) reports, for its ES
+runs (four models), that at a threshold τ within the magnitude range of a *single* ES update 77.6–93.0%
+of the nonzero updates have |Δ| < τ, and that the model ``θ0 + Δ·1[|Δ| ≥ τ]`` keeps target-task
+pass@1 until the update is very sparse. Whether a given run shows this is what this module measures,
+both halves:
 
 - ``update_sparsity(base, trained, taus)``: for each τ, the fraction of nonzero coordinates of Δ
   below τ (overall and per category), and how many coordinates the thresholded model keeps.

@@ -14,11 +14,20 @@ Design decisions:
   ``lm_head`` alias is dropped. ``tied_embeddings`` says so in every analysis's output.
 - ``load_into_model`` copies a state dict into a model's existing tensors (strict about names, aware
   of tied aliases), which is how re-evaluation runners swap weights without reloading the model.
+- The base of an analysis is the weights the run started from. A run directory's ``run.json``
+  records their fingerprint (``base``, written by ``evolm.jobs.open_run``; ``evolm.state``) and where
+  they are: ``run_base_spec`` gives the spec that loads them (a bfloat16 run's saved ``base/``, a
+  pipeline stage's predecessor, else the run's model spec) and ``check_base`` refuses, in one line,
+  a base whose fingerprint is not the recorded one, unless the caller allows it. Runs written before
+  the record existed cannot be checked and say so (``check: "unrecorded"``).
+- ``trained_scope`` is the set of tensors a run trained (an ES run's seed-log header lists the ones it
+  perturbed), the population the localisation and drift nulls draw from.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,10 +36,8 @@ from safetensors import safe_open
 from evolm import models
 from evolm.models import unreadable_as_user_error
 from evolm.errors import UserError
-
-EMBEDDING_NAMES = ("model.embed_tokens.weight", "transformer.wte.weight", "gpt_neox.embed_in.weight",
-                   "model.embed_in.weight", "embed_tokens.weight")
-LM_HEAD_NAMES = ("lm_head.weight", "embed_out.weight")
+from evolm.runs import RunDir
+from evolm.state import EMBEDDING_NAMES, LM_HEAD_NAMES, deduplicate_tied  # noqa: F401  (re-exported)
 
 
 @dataclass
@@ -103,36 +110,6 @@ def load_state(spec: str) -> dict:
     return load_state_info(spec)[0]
 
 
-def deduplicate_tied(state: dict, by_value: bool = False) -> tuple[dict, dict[str, str]]:
-    """Drop names that alias another tensor of ``state``; return ``(state, {dropped: kept})``.
-
-    Two names alias when they share storage (an in-memory tied model) or, with ``by_value``, when an
-    LM-head tensor is bit-identical to the embedding (a file that stored both copies of tied weights).
-    The embedding name is the one kept.
-    """
-    import torch  # local: torch is slow to import, and `evolm --help` imports this module
-
-    def rank(name: str) -> tuple:
-        return (name in LM_HEAD_NAMES, name)  # keep embeddings over lm_head, else the first name
-
-    seen: dict[tuple, str] = {}
-    aliases: dict[str, str] = {}
-    for name in sorted(state, key=rank):
-        t = state[name]
-        key = (t.data_ptr(), tuple(t.shape), t.dtype, t.stride()) if t.numel() else None
-        if key is not None and key in seen:
-            aliases[name] = seen[key]
-        elif key is not None:
-            seen[key] = name
-    if by_value:
-        emb = next((n for n in EMBEDDING_NAMES if n in state), None)
-        for head in LM_HEAD_NAMES:
-            if emb and head in state and head not in aliases and state[head].shape == state[emb].shape \
-                    and torch.equal(state[head], state[emb]):
-                aliases[head] = emb
-    return {k: v for k, v in state.items() if k not in aliases}, aliases
-
-
 def check_compatible(base: dict, trained: dict) -> None:
     """Raise a one-line UserError unless both state dicts have the same names and shapes."""
     missing, extra = sorted(set(base) - set(trained)), sorted(set(trained) - set(base))
@@ -168,3 +145,63 @@ def load_into_model(model, state: dict) -> None:
             own[names[0]].copy_(state[given[0]].to(own[names[0]].dtype))
     if missing:
         raise UserError(f"weights for {missing[:3]} are missing; the weights do not belong to this model's architecture")
+
+
+# -- the base a run started from ----------------------------------------------------------------------
+
+def run_info(spec: str) -> dict | None:
+    """The ``run.json`` of an evolm run directory, None when ``spec`` is not one."""
+    path = Path(str(spec))
+    if not (path / "run.json").exists():
+        return None
+    return RunDir(path).info()
+
+
+def recorded_base(spec: str) -> dict | None:
+    """What a run directory's ``run.json`` records about its starting weights (``base``), None when absent."""
+    info = run_info(spec)
+    return (info or {}).get("base")
+
+
+def run_base_spec(spec: str) -> str | None:
+    """The spec that loads the weights run directory ``spec`` started from: ``<run>/<base.path>`` when evolm
+    knows where they are (a lower-precision run's saved ``base/``, a pipeline stage's predecessor), else
+    the recorded or configured ``[model] spec``; None when ``spec`` is not a run directory."""
+    info = run_info(spec)
+    if info is None:
+        return None
+    base = info.get("base") or {}
+    if base.get("path"):
+        return os.path.normpath(str(Path(str(spec)) / base["path"]))
+    return base.get("spec") or RunDir(Path(str(spec))).config().get("model", {}).get("spec")
+
+
+def trained_scope(spec: str) -> list[str] | None:
+    """The tensors a run trained: an ES run's perturbed parameters (its seed-log header), else None (all)."""
+    path = Path(str(spec))
+    if not (path / "seed_log.jsonl").exists():
+        return None
+    header = next((r for r in RunDir(path).seed_log() if r.get("kind") == "header"), None)
+    return list(header["params"]) if header and header.get("params") else None
+
+
+def check_base(label: str, trained_spec: str, base_spec: str, fingerprint: str, allow_mismatch: bool = False) -> dict:
+    """``{"spec", "fingerprint", "recorded", "check"}`` for the base ``base_spec`` (content ``fingerprint``) of
+    the trained model ``label`` (``trained_spec``). ``check`` is ``"matches"`` (the recorded fingerprint),
+    ``"unrecorded"`` (not a run directory, or one written before runs recorded their base) or
+    ``"mismatch allowed"``; a mismatch is a one-line ``UserError`` unless ``allow_mismatch``."""
+    record = recorded_base(trained_spec)
+    out = {"spec": str(base_spec), "fingerprint": fingerprint, "recorded": record, "check": "unrecorded"}
+    if not record or not record.get("fingerprint"):
+        return out
+    if record["fingerprint"] == fingerprint:
+        out["check"] = "matches"
+        return out
+    if allow_mismatch:
+        out["check"] = "mismatch allowed"
+        return out
+    own = run_base_spec(trained_spec)
+    why = f" (the run rounded its weights to {'/'.join(record['rounded_to'])})" if record.get("rounded_to") else ""
+    raise UserError(f"the base {base_spec} is not the weights '{label}' ({trained_spec}) started from: fingerprint "
+                    f"{fingerprint[:12]} vs {record['fingerprint'][:12]} in its run.json{why}; omit --base to compare "
+                    f"with the run's own base ({own}), or pass --allow-base-mismatch to compare anyway")

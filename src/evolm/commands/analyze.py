@@ -4,11 +4,17 @@ each writing ``<out>/<kind>.json`` and ``<out>/<kind>.png``.
 Design decisions:
 
 - ``--trained`` is repeatable and takes an optional label (``--trained es=runs/es --trained
-  grpo=runs/grpo``), so ES and GRPO are analysed side by side against one ``--base``. Without a
-  label the directory or spec name is used.
-- When a trained model is an evolm run directory, its ``config.toml`` supplies the defaults: the base
-  model (``[model] spec``), the target task (``[task]``) and the generation length; its
-  ``seed_log.jsonl`` supplies the single-ES-update scale of the sparsity thresholds.
+  grpo=runs/grpo``), so ES and GRPO are analysed side by side. Without a label the directory or spec
+  name is used.
+- Each trained model is compared with the weights its run started from: ``--base``, else the run's
+  own (``analysis.weights.run_base_spec``: a lower-precision run's saved ``base/``, a pipeline
+  stage's predecessor, else its ``[model] spec``), and that base's fingerprint must equal the one in
+  the run's ``run.json`` (``check_base``; ``--allow-base-mismatch`` overrides, with a warning). Each
+  distinct base is loaded once; models with different bases are each compared with their own.
+- When a trained model is an evolm run directory, its ``config.toml`` supplies the other defaults:
+  the target task (``[task]``) and the generation length; its ``seed_log.jsonl`` supplies the
+  single-ES-update scale of the sparsity thresholds and the tensors it trained (the null's
+  population in drift and localisation).
 - Weights are read as float32 safetensors without building a model; a model is loaded only for
   the analyses that re-evaluate (sparsity curve, compression), once, and every variant is copied
   into it.
@@ -30,6 +36,7 @@ import json
 import re
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from evolm import config, models
@@ -41,13 +48,15 @@ from evolm.analysis.evaluator import TaskEvaluator
 from evolm.analysis.localisation import top_k_localisations
 from evolm.analysis.sparsity import single_update_rms, sparsity_curve, tau_grid, update_sparsity
 from evolm.analysis.update_variance import update_spread
-from evolm.analysis.weights import load_state_info
+from evolm.analysis.enrichment import format_p
+from evolm.analysis.weights import StateInfo, check_base, load_state_info, run_base_spec, trained_scope
 from evolm.backends import engine_options, make_generator
 from evolm.backends.base import SamplingParams
 from evolm.categories import CATEGORIES
 from evolm.errors import UserError
 from evolm.runs import atomic_write_json, read_jsonl
 from evolm.seeding import seed31
+from evolm.state import state_fingerprint
 from evolm.tasks import make_task
 
 KINDS = ("drift", "sparsity", "localisation", "compression", "diversity", "update_variance")
@@ -82,14 +91,23 @@ def _run_config(spec: str) -> dict:
     return config.read_toml(path)
 
 
-def _base_spec(args, trained: dict[str, str]) -> str:
+def _base_specs(args, trained: dict[str, str]) -> dict[str, str]:
+    """The base of every trained model: ``--base``, else its run's own starting weights (``run_base_spec``); a
+    trained model that is not a run directory takes the run directories' base when they agree on one."""
     if args.base:
-        return args.base
-    for spec in trained.values():
-        base = _run_config(spec).get("model", {}).get("spec")
-        if base:
-            return base
-    raise UserError("pass --base SPEC (the model the trained ones started from); it is only inferred from run directories")
+        return {label: args.base for label in trained}
+    own = {label: run_base_spec(spec) for label, spec in trained.items()}
+    found = sorted({b for b in own.values() if b})
+    out = {}
+    for label, spec in trained.items():
+        if own[label]:
+            out[label] = own[label]
+        elif len(found) == 1:
+            out[label] = found[0]
+        else:
+            raise UserError(f"pass --base SPEC, the model '{label}' ({spec}) started from; it is only inferred from run "
+                            "directories")
+    return out
 
 
 def _floats(text: str, what: str) -> list[float]:
@@ -108,64 +126,124 @@ def _write(out_dir: str, kind: str, result: dict) -> tuple[Path, Path]:
     return json_path, png
 
 
-def _load_models(args):
-    """``(base_spec, base_state, base_info, {label: (spec, state, info)})``, float32, tied weights once."""
+@dataclass
+class _Base:
+    """A base model as loaded once: its spec, float32 state, how it was read and its content fingerprint."""
+
+    spec: str
+    state: dict
+    info: StateInfo
+    fingerprint: str
+
+
+@dataclass
+class _Trained:
+    """A trained model, the key of its base in ``_Models.bases``, its base check and its trained tensors."""
+
+    spec: str
+    state: dict
+    info: StateInfo
+    base: str
+    check: dict
+    scope: list[str] | None
+
+
+@dataclass
+class _Models:
+    bases: dict[str, _Base]
+    trained: dict[str, _Trained]
+
+    def base_of(self, label: str) -> _Base:
+        return self.bases[self.trained[label].base]
+
+    @property
+    def single_base(self) -> _Base:
+        """The one base every trained model shares (by content); a one-line error when they differ."""
+        prints = {self.base_of(label).fingerprint for label in self.trained}
+        if len(prints) > 1:
+            found = ", ".join(f"{label}: {t.base}" for label, t in self.trained.items())
+            raise UserError(f"the trained models started from different weights ({found}); this analysis compares them "
+                            "with one base: analyse them separately, or pass --base")
+        return self.base_of(next(iter(self.trained)))
+
+
+def _load_models(args) -> _Models:
+    """Every ``--trained`` model (float32, tied weights once) and its base: ``--base``, else the weights its run
+    started from, checked against the fingerprint in the run's ``run.json`` (``--allow-base-mismatch``)."""
     import torch  # local: torch is slow to import, and `evolm --help` imports this module
 
     torch.set_num_threads(max(1, args.threads))
-    trained = _trained(args)
-    base_spec = _base_spec(args, trained)
-    base_state, base_info = load_state_info(base_spec)
-    loaded = {}
-    for label, spec in trained.items():
+    bases: dict[str, _Base] = {}
+    trained: dict[str, _Trained] = {}
+    given = _trained(args)
+    base_specs = _base_specs(args, given)
+    for label, spec in given.items():
+        base_spec = base_specs[label]
+        if base_spec not in bases:
+            state, info = load_state_info(base_spec)
+            bases[base_spec] = _Base(base_spec, state, info, state_fingerprint(state))
+        base = bases[base_spec]
+        check = check_base(label, spec, base_spec, base.fingerprint, allow_mismatch=args.allow_base_mismatch)
+        if check["check"] == "unrecorded" and run_base_spec(spec):
+            print(f"evolm: warning: {spec} has no recorded base fingerprint (a run from before evolm recorded one); "
+                  f"cannot check that {base_spec} is the weights it started from", file=sys.stderr)
+        elif check["check"] == "mismatch allowed":
+            print(f"evolm: warning: {base_spec} is not the weights '{label}' started from (--allow-base-mismatch): Δ "
+                  "includes the difference between the two bases", file=sys.stderr)
         state, info = load_state_info(spec)
-        if info.tied_embeddings != base_info.tied_embeddings:
-            raise UserError(f"'{label}' and the base disagree on tied embeddings; compare checkpoints of the same architecture")
-        loaded[label] = (spec, state, info)
-    return base_spec, base_state, base_info, loaded
+        if info.tied_embeddings != base.info.tied_embeddings:
+            raise UserError(f"'{label}' and its base disagree on tied embeddings; compare checkpoints of the same architecture")
+        trained[label] = _Trained(spec, state, info, base_spec, check, trained_scope(spec))
+    return _Models(bases, trained)
 
 
-def _header(kind: str, base_info, loaded) -> dict:
-    infos = [base_info] + [info for _, _, info in loaded.values()]
-    low = sorted({d for i in infos for d in i.stored_dtypes if d in ("bfloat16", "float16")})
+def _header(kind: str, loaded: _Models) -> dict:
+    # a base stored in bfloat16 is exact (a run's saved rounded base); a trained checkpoint stored so has lost updates
+    low = sorted({d for t in loaded.trained.values() for d in t.info.stored_dtypes if d in ("bfloat16", "float16")})
     if low:
         print(f"evolm: warning: some weights are stored in {'/'.join(low)}; updates below half their spacing were "
               "rounded away before this analysis saw them (save float32 checkpoints)", file=sys.stderr)
-    return {"kind": kind, "base": base_info.to_dict(),
-            "trained": {label: info.to_dict() for label, (_, _, info) in loaded.items()},
-            "tied_embeddings": base_info.tied_embeddings,
+    first = loaded.base_of(next(iter(loaded.trained)))
+    tied = first.info.tied_embeddings
+    return {"kind": kind, "base": first.info.to_dict(),
+            "bases": {label: {**t.check, "info": loaded.bases[t.base].info.to_dict()} for label, t in loaded.trained.items()},
+            "trained": {label: t.info.to_dict() for label, t in loaded.trained.items()},
+            "tied_embeddings": tied,
             "low_precision_storage": low,
             "note": ("tied embeddings: the LM head is the embedding matrix and is counted once, as 'embedding'"
-                     if base_info.tied_embeddings else "untied embeddings: 'embedding' and 'lm_head' are separate tensors")}
+                     if tied else "untied embeddings: 'embedding' and 'lm_head' are separate tensors")}
 
 
 # -- kinds ------------------------------------------------------------------------------------------
 
 def _cmd_drift(args) -> int:
-    base_spec, base, base_info, loaded = _load_models(args)
-    result = _header("drift", base_info, loaded)
+    loaded = _load_models(args)
+    result = _header("drift", loaded)
     result["models"] = {}
-    for label, (_, state, _) in loaded.items():
-        d = drift(base, state)
+    for label, t in loaded.trained.items():
+        d = drift(loaded.base_of(label).state, t.state, scope=t.scope)
         if not args.per_tensor:
             d.pop("by_tensor")
         result["models"][label] = d
-        shares = ", ".join(f"{c} {v['share_of_squared_distance']:.0%}" for c, v in d["by_category"].items())
-        print(f"{label}: relative distance {d['relative_distance']:.4g} (||Δ||² share: {shares})")
+        shares = ", ".join(f"{c} {v['share']:.2%} of ||Δ||² ({v['enrichment']:.3g}x its parameter share)"
+                           for c, v in d["enrichment"]["by_category"].items() if v["enrichment"] is not None)
+        print(f"{label}: relative distance {d['relative_distance']:.4g} ({shares})")
     _report(*_write(args.out, "drift", result))
     return 0
 
 
 def _cmd_localisation(args) -> int:
     ks = args.k or [100]
-    base_spec, base, base_info, loaded = _load_models(args)
-    result = _header("localisation", base_info, loaded)
+    loaded = _load_models(args)
+    result = _header("localisation", loaded)
     result["models"] = {}
-    for label, (_, state, _) in loaded.items():
+    for label, t in loaded.trained.items():
         result["models"][label] = {}
-        for k, loc in top_k_localisations(base, state, ks).items():
+        for k, loc in top_k_localisations(loaded.base_of(label).state, t.state, ks, scope=t.scope).items():
             result["models"][label][str(k)] = loc
-            counts = ", ".join(f"{c} {n}" for c, n in loc["by_category"].items() if n)
+            counts = ", ".join(f"{c} {e['observed']} (expected {e['expected']:.3g}, {e['enrichment']:.3g}x, "
+                               f"p {format_p(e['p_enriched'] if e['observed'] >= e['expected'] else e['p_depleted'])})"
+                               for c, e in loc["enrichment"]["by_category"].items() if e["observed"] or e["expected"] >= 1)
             print(f"{label} top-{k}: {counts} (max |Δ| {loc['max_abs_delta']:.3g})")
     _report(*_write(args.out, "localisation", result))
     return 0
@@ -174,16 +252,17 @@ def _cmd_localisation(args) -> int:
 def _tau_scale(args, loaded) -> tuple[float, str]:
     if args.tau_scale is not None:
         return float(args.tau_scale), "--tau-scale"
-    for label, (spec, _, _) in loaded.items():
-        log = Path(spec) / "seed_log.jsonl"
+    for label, t in loaded.trained.items():
+        log = Path(t.spec) / "seed_log.jsonl"
         if log.exists():
             return single_update_rms(read_jsonl(log)), f"median single-update RMS from {log}"
     raise UserError("no ES seed log found among --trained run directories; pass --tau-scale (e.g. an ES run's single-update RMS)")
 
 
-def _build_evaluator(args, base_spec: str, loaded):
-    """A ``TaskEvaluator`` for the target task: ``--task`` or the first trained run's ``[task]``."""
-    run_cfg = next((c for c in (_run_config(spec) for spec, _, _ in loaded.values()) if c), {})
+def _build_evaluator(args, base_spec: str, loaded: _Models):
+    """A ``TaskEvaluator`` for the target task: ``--task`` or the first trained run's ``[task]``; the model
+    (its architecture: every evaluated state is copied into it) is loaded from ``base_spec``."""
+    run_cfg = next((c for c in (_run_config(t.spec) for t in loaded.trained.values()) if c), {})
     task_cfg = dict(run_cfg.get("task", {}))
     if args.task and args.task != task_cfg.get("name"):
         task_cfg = {"name": args.task}  # a different task than the run's: none of its task settings apply
@@ -246,23 +325,27 @@ class _Progress:
 
 
 def _cmd_sparsity(args) -> int:
-    base_spec, base, base_info, loaded = _load_models(args)
+    loaded = _load_models(args)
     scale, source = _tau_scale(args, loaded)
     multipliers = _floats(args.multipliers, "--multipliers")
     taus = tau_grid(scale, multipliers)
-    result = _header("sparsity", base_info, loaded)
+    result = _header("sparsity", loaded)
     result.update({"tau_scale": scale, "tau_scale_source": source, "multipliers": multipliers, "metric": args.metric, "models": {}})
     evaluator = None
+    base_metrics: dict[str, dict] = {}
     if not args.no_eval:
-        evaluator, result["evaluation"] = _build_evaluator(args, base_spec, loaded)
-        base_metrics = evaluator(base)
-    for label, (_, state, _) in loaded.items():
+        evaluator, result["evaluation"] = _build_evaluator(args, next(iter(loaded.bases)), loaded)
+    for label, t in loaded.trained.items():
+        base = loaded.base_of(label)
         if evaluator is None:
-            r = update_sparsity(base, state, taus)
+            r = update_sparsity(base.state, t.state, taus)
         else:
-            r = sparsity_curve(base, state, taus, evaluator, multipliers=multipliers, base_metrics=base_metrics)
+            if base.fingerprint not in base_metrics:  # each distinct base is evaluated once
+                base_metrics[base.fingerprint] = evaluator(base.state)
+            r = sparsity_curve(base.state, t.state, taus, evaluator, multipliers=multipliers,
+                               base_metrics=base_metrics[base.fingerprint])
         result["models"][label] = r
-        line = ", ".join(f"τ={t:.2g}: {f:.1%} below" for t, f in zip(r["taus"], r["fraction_below"]))
+        line = ", ".join(f"τ={t_:.2g}: {f:.1%} below" for t_, f in zip(r["taus"], r["fraction_below"]))
         print(f"{label}: {line}")
         for p in r.get("points", []):
             print(f"  τ={p['tau']:.3g} keeps {p['kept_fraction']:.2%} of coordinates: {args.metric} {p['metrics'].get(args.metric)}")
@@ -278,13 +361,14 @@ def _cmd_compression(args) -> int:
     bad = [c for c in categories if c not in CATEGORIES]
     if bad or not categories:
         raise UserError(f"--params must be a comma-separated subset of {', '.join(CATEGORIES)} (got '{args.params}')")
-    base_spec, base, base_info, loaded = _load_models(args)
-    if "base" in loaded:
+    loaded = _load_models(args)
+    if "base" in loaded.trained:
         raise UserError("the label 'base' is reserved for --base in the compression table; label the trained model differently")
-    result = _header("compression", base_info, loaded)
-    evaluator, result["evaluation"] = _build_evaluator(args, base_spec, loaded)
-    states = {"base": base, **{label: state for label, (_, state, _) in loaded.items()}}
-    table = compression_table(states, methods, evaluator, base=base, categories=categories,
+    base = loaded.single_base
+    result = _header("compression", loaded)
+    evaluator, result["evaluation"] = _build_evaluator(args, base.spec, loaded)
+    states = {"base": base.state, **{label: t.state for label, t in loaded.trained.items()}}
+    table = compression_table(states, methods, evaluator, base=base.state, categories=categories,
                               matrices_only=not args.include_vectors)
     result.update(table)
     result["metric"] = args.metric
@@ -489,7 +573,11 @@ def _report(json_path: Path, png: Path) -> None:
 
 def _add_models(p: argparse.ArgumentParser) -> None:
     p.add_argument("--base", metavar="SPEC", help="the starting model: embedded name, model dir, run dir or .gguf "
-                   "(default: the [model] spec of the first --trained run directory)")
+                   "(default: each --trained run's own starting weights: its saved base/ when it trained in a lower "
+                   "precision, else its [model] spec); checked against the fingerprint in the run's run.json")
+    p.add_argument("--allow-base-mismatch", action="store_true",
+                   help="compare with --base even when it is not the weights a run started from (its fingerprint "
+                        "differs from the run's record); Δ then includes the difference between the two bases")
     p.add_argument("--trained", action="append", default=[], metavar="[LABEL=]RUN_OR_SPEC",
                    help="a trained model (run directory or any model spec); repeat for side by side, e.g. "
                         "--trained es=runs/es --trained grpo=runs/grpo")
@@ -535,7 +623,7 @@ def register(subparsers) -> None:
                          description="The k largest-magnitude coordinates of Δ = θ − θ0, counted by category and subcategory, "
                                      "for each --trained model side by side.")
     _add_models(k)
-    k.add_argument("--k", type=int, action="append", metavar="K", help="how many coordinates, repeatable (default: 100; the paper also uses 144)")
+    k.add_argument("--k", type=int, action="append", metavar="K", help="how many coordinates, repeatable (default: 100; arXiv 2608.27351 also uses 144)")
     k.set_defaults(func=_cmd_localisation, kind="localisation")
 
     k = kinds.add_parser("sparsity", help="fraction of updates below τ and pass@1 of θ0 + Δ·1[|Δ| ≥ τ]",
@@ -560,7 +648,7 @@ def register(subparsers) -> None:
     _add_eval(k)
     k.set_defaults(func=_cmd_compression)
 
-    k = kinds.add_parser("diversity", help="Lemma 2: population coverage vs centre, and verifier-projected JS divergence",
+    k = kinds.add_parser("diversity", help="Lemma 2 (arXiv 2608.27351): population coverage vs centre, and verifier-projected JS divergence",
                          formatter_class=argparse.RawDescriptionHelpFormatter,
                          description="Coverage of one sample per ES population member versus N samples from the centre "
                                      "(N = number of members), and the verifier-projected Jensen-Shannon divergence among "

@@ -30,7 +30,7 @@ def parse_labels(items: list[str]) -> dict[str, str]:
 def _cmd_report(args) -> int:
     reference = None if args.reference is None else config.parse_value(args.reference)
     result = build_report(args.paths, args.out, labels=parse_labels(args.label), title=args.title, window=args.window,
-                          band=args.band, band_mode=args.band_mode, reference=reference)
+                          band=args.band, band_mode=args.band_mode, reference=reference, match=args.match)
     print(f"wrote {result.markdown}, {result.html} and {result.json} ({len(result.figures)} figures in {result.out / 'figures'})")
     return 0
 
@@ -42,7 +42,8 @@ def register(subparsers) -> None:
         description="Build one report from run directories (ES, GRPO, pipeline), sweep directories (evolm sweep), eval "
                     "outputs (eval.json) and analysis outputs (drift.json, sparsity.json, localisation.json, "
                     "compression.json, diversity.json, update_variance.json). Draws pass@k curves (base vs trained), entropy "
-                    "and pass@k trajectories, training reward curves, a cost table, the analyses, and for sweeps the "
+                    "and pass@k trajectories, training reward curves (against updates, sequences, tokens or seconds: --match), a cost "
+                    "table, what each run spent (budget), the analyses, and for sweeps the "
                     "population-scaling, sigma, estimator and shaping ablations, each with a table of its numbers. "
                     "Writes <out>/report.md, <out>/report.html (figures embedded), <out>/report.json and <out>/figures/.",
         epilog="example: evolm report runs/es runs/grpo runs/es/analysis --label ES=runs/es --out report",
@@ -52,6 +53,9 @@ def register(subparsers) -> None:
                    help="name an input in plots and tables (repeatable; adds PATH when not given positionally)")
     p.add_argument("--out", "-o", default="report", metavar="DIR", help="output directory (default: report)")
     p.add_argument("--title", default="evolm report", help="report title (default: evolm report)")
+    p.add_argument("--match", default="updates", choices=["updates", "sequences", "tokens", "seconds"],
+                   help="the quantity runs are compared on: x-axis of the training-reward and probe curves, and the "
+                        "matched column of the budget table (default: updates)")
     g = p.add_argument_group("sweep ablations")
     g.add_argument("--window", type=int, default=1, help="trailing moving-average window for reward curves (default: 1 = none)")
     g.add_argument("--band", type=float, default=0.005, help="population-scaling band (default: 0.005 = 0.5%%)")

@@ -43,7 +43,7 @@ from evolm.es.params import PERTURB_ARITHMETIC, ParamSet
 from evolm.es.population import make_population, score_completions
 from evolm.es.update import compute_update, member_layout
 from evolm.heldout import probe_record
-from evolm.runs import RunDir, TrainResult, load_weights, train_record
+from evolm.runs import RunDir, TrainResult, budget_reached, load_weights, train_record
 from evolm.seeding import derive_seed, seed31
 from evolm.tasks.base import Example, Task
 
@@ -165,7 +165,8 @@ def float32_model(model, params: ParamSet):
 def train(cfg, comps, run: RunDir, start, params: ParamSet, *, probe: Callable | None = None,
           callbacks: tuple[Callable, ...] = (), say: Say = print, quiet: bool = False,
           population_factory: Callable | None = None) -> TrainResult:
-    """Run ES updates ``start.step`` .. ``es.iterations`` on ``comps`` (a ``jobs.Components``).
+    """Run ES updates ``start.step`` .. ``es.iterations`` on ``comps`` (a ``jobs.Components``), stopping
+    earlier once a ``run.match`` budget of sequences, tokens or seconds (``run.budget``) is spent.
 
     ``start`` (``jobs.Start``): the step to continue from and, on resume, the checkpoint whose weights
     and masters are loaded first. ``probe(model, step) -> dict`` is logged every ``probe.every``
@@ -196,14 +197,18 @@ def train(cfg, comps, run: RunDir, start, params: ParamSet, *, probe: Callable |
                          max_new_tokens=cfg.generation.max_new_tokens)
     bar = progress_bar(es.iterations * len(layout), "ES", unit="member", initial=start.step * len(layout),
                        enabled=not quiet and cfg.run.progress)
+    step = start.step
     try:
         for iteration in range(start.step, es.iterations):
+            if budget_reached(cfg.run, totals, step):  # run.match / run.budget: spent before the update cap
+                break
             record = _iteration(cfg, run, population, task, tokenizer, generator, layout, iteration, sampling_base,
                                 totals, bar, quiet)
             step = record["step"]
-            if probe is not None and cfg.probe.every and step % cfg.probe.every == 0 and step < es.iterations:
+            last = step >= es.iterations or budget_reached(cfg.run, totals, step)  # finish_run probes and saves it
+            if probe is not None and cfg.probe.every and step % cfg.probe.every == 0 and not last:
                 run.log_metrics(probe_record(probe, model, step, METHOD))
-            if cfg.run.checkpoints and step % cfg.run.checkpoint_every == 0 and step < es.iterations:
+            if cfg.run.checkpoints and step % cfg.run.checkpoint_every == 0 and not last:
                 ckpt = run.save_checkpoint(float32_model(model, params), step, {"method": METHOD, **totals},
                                            keep=cfg.run.keep_checkpoints, write_extra=lambda tmp: save_masters(params, tmp))
                 population.checkpointed(ckpt, step)
@@ -213,7 +218,7 @@ def train(cfg, comps, run: RunDir, start, params: ParamSet, *, probe: Callable |
         if bar is not None:
             bar.close()
         population.close()
-    return TrainResult(steps=es.iterations, final_model=float32_model(model, params), totals=totals)
+    return TrainResult(steps=step, final_model=float32_model(model, params), totals=totals)
 
 
 def _iteration(cfg, run: RunDir, population, task, tokenizer, generator, layout, iteration: int, sampling_base: dict,

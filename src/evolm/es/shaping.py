@@ -12,7 +12,8 @@ output has the same length and is what weights each member's noise in the update
   rewards never take that branch, so their results stay bit for bit what they were.
 - ``centered_rank`` (Salimans et al. 2017): ranks mapped linearly onto [-0.5, 0.5]; tied fitnesses
   share their average rank, so ties get equal weight and all-equal fitness gives zeros.
-- ``none``: the raw fitness, unnormalised (the paper's "no normalisation" ablation; not centred, so
+- ``none``: the raw fitness, unnormalised (the "no normalisation" ablation of "Understanding Evolution
+  Strategies for LLM Reasoning", arXiv 2608.27351; not centred, so
   the mean reward scales the sum of the noise directions).
 """
 

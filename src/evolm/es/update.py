@@ -11,7 +11,8 @@ Estimators (N = population, the number of scored members):
   scores theta - sigma eps_d; ``c_d = shaped_2d - shaped_2d+1``. Update
   ``theta += alpha / N * sum_d (shaped_+ - shaped_-) eps_d`` — exactly the one-point formula applied
   to the N members with directions (eps_d, -eps_d), hence algebraically the two-point zeroth-order
-  estimator the paper compares against.
+  estimator that "Understanding Evolution Strategies for LLM Reasoning" (2026, arXiv 2608.27351)
+  compares with one-point ES.
 
 ``scale = alpha / N`` (Qiu et al. fold the textbook ``1/sigma`` into alpha) or ``alpha / (N sigma)``
 when ``divide_by_sigma`` is set; the choice is a config field and is logged with every update.

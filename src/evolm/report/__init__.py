@@ -14,9 +14,10 @@ Where things are:
 - ``document``: ``Table``, ``Figure``, ``Section``, the ``Canvas`` figures are saved on, and the
   Markdown and HTML renderers. The document is built once and rendered twice, so the two can never
   disagree; every plotted number also appears in a table.
-- ``sections``: the run sections (runs, held-out pass@k, probe, training reward, cost);
-  ``sweeps``: a section per sweep with its ablations (``evolm.analysis.ablations``); ``checks``: the
-  warnings above a section whose numbers are all zero or measured on too few problems.
+- ``sections``: the run sections (runs, held-out pass@k, probe, training reward, cost, and the budget
+  each run spent, with the curves drawn against the quantity runs are matched on, ``--match``);
+  ``sweeps``: a section per sweep with its ablations (``evolm.analysis.ablations``);
+  ``checks``: the warnings above a section whose numbers are all zero or measured on too few problems.
 - Each analysis draws its own section, next to its computation: ``report_section(entries, canvas)``
   in ``evolm.analysis.<kind>`` for every kind in ``read.ANALYSIS_KINDS`` (``ANALYSIS_SECTIONS``).
 
@@ -41,7 +42,8 @@ from evolm.errors import UserError
 from evolm.document import Alert, Canvas, Figure, Section, Table, render_html, render_markdown
 from evolm.report.checks import analysis_warnings
 from evolm.report.read import ANALYSIS_KINDS, Reader, Sources, gather
-from evolm.report.sections import cost_section, passk_section, probe_section, reward_section, runs_section
+from evolm.report.sections import budget_section, cost_section, passk_section, probe_section, reward_section, runs_section
+from evolm.runs import MATCH_FIELDS
 from evolm.report.sweeps import sweep_sections
 from evolm.runs import atomic_write_json, atomic_write_text
 
@@ -77,12 +79,17 @@ class ReportResult:
 
 
 def build_report(paths: list[str], out: str | Path, labels: dict[str, str] | None = None, title: str = "evolm report",
-                 window: int = 1, band: float = 0.005, band_mode: str = "relative", reference=None) -> ReportResult:
+                 window: int = 1, band: float = 0.005, band_mode: str = "relative", reference=None,
+                 match: str = "updates") -> ReportResult:
     """Read the inputs, draw the figures, and write report.md, report.html and report.json into ``out``.
 
     ``labels`` maps input paths to names (``--label NAME=PATH``); ``window``, ``band``, ``band_mode`` and
-    ``reference`` set the sweep ablations (``evolm.analysis.ablations``).
+    ``reference`` set the sweep ablations (``evolm.analysis.ablations``); ``match`` is the quantity runs are
+    compared on (updates, sequences, tokens, seconds): the x-axis of the training curves and the budget table's
+    matched column.
     """
+    if match not in MATCH_FIELDS:
+        raise UserError(f"--match must be one of {', '.join(MATCH_FIELDS)} (got '{match}')")
     if window < 1:
         raise UserError(f"--window must be >= 1 (got {window})")
     if band < 0 or band_mode not in ("relative", "absolute"):
@@ -101,8 +108,8 @@ def build_report(paths: list[str], out: str | Path, labels: dict[str, str] | Non
     canvas = Canvas(out)
     for old in canvas.dir.glob("*.png"):  # a re-run must not leave figures the new report does not list
         old.unlink()
-    sections = [s for s in (runs_section(src), passk_section(src, canvas), probe_section(src, canvas),
-                            reward_section(src, canvas), cost_section(src)) if s is not None]
+    sections = [s for s in (runs_section(src), passk_section(src, canvas), probe_section(src, canvas, match),
+                            reward_section(src, canvas, match), cost_section(src), budget_section(src, match)) if s is not None]
     sections += sweep_sections(src, canvas, window, band, band_mode, reference)
     sections += analysis_sections(src, canvas)
     if not sections:

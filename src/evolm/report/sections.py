@@ -13,6 +13,12 @@ Design decisions:
   plus any ``evolm eval`` outputs (dash-dotted, in their run's colour). Every run keeps its colour in
   every figure (``read.assign_colors``). Multiple-choice tasks get the chance curve (uniform guessing,
   ``chance_curve``), grey dotted, and a chance row in the table.
+- Runs are compared on one quantity, ``match`` (``evolm report --match``): updates (default),
+  sequences, tokens or seconds, the four every training record carries (``runs.MATCH_FIELDS``). The
+  training-reward and probe curves are drawn against it (a probe at update u sits at what the run had
+  spent after u updates), and the budget section states per run what it spent in every quantity,
+  what it was configured to match, and its completion length limit, so a "matched budget" says which
+  budget was matched and what the other ones came to.
 - A section whose numbers cannot carry a claim opens with a visible warning (``report.checks``): every
   pass@k 0, or fewer than 20 problems.
 """
@@ -25,6 +31,22 @@ from evolm.document import BASE_COLOR, Alert, Canvas, Section, Table, integer_x
 from evolm.metrics import pass_at_k_curve
 from evolm.report.checks import passk_warnings
 from evolm.report.read import Run, Sources
+from evolm.runs import MATCH_FIELDS, spent
+
+AXIS_LABELS = {"updates": "update", "sequences": "sequences generated", "tokens": "tokens generated",
+               "seconds": "training seconds"}
+"""The x-axis label of each quantity runs can be matched on."""
+
+
+def spent_by_step(run: Run, match: str) -> dict[int, float]:
+    """``{step: how much of match the run had spent after that many updates}`` (step 0: nothing)."""
+    return {0: 0.0, **{int(r["step"]): spent(r, match) for r in run.train}}
+
+
+def _x_axis(ax, match: str) -> None:
+    ax.set_xlabel(AXIS_LABELS[match])
+    if match == "updates":
+        integer_x(ax)
 
 
 def runs_section(src: Sources) -> Section | None:
@@ -135,43 +157,47 @@ def _stage_bounds(run: Run) -> list[int]:
     return [b["step"] - 1 for a, b in zip(train, train[1:]) if a.get("stage") != b.get("stage")]
 
 
-def reward_section(src: Sources, canvas: Canvas) -> Section | None:
+def reward_section(src: Sources, canvas: Canvas, match: str = "updates") -> Section | None:
     runs = [r for r in src.runs if any(x.get("reward_mean") is not None for x in r.train)]
     if not runs:
         return None
     sec = Section("Training reward")
     sec.blocks.append("Mean training reward per update (`metrics.jsonl`, kind train): for ES the mean over the "
-                      "population's members, for GRPO over the update's sampled completions. Dotted lines mark "
-                      "pipeline stage boundaries.")
+                      "population's members, for GRPO over the update's sampled completions"
+                      + ("" if match == "updates" else f", against the {AXIS_LABELS[match]} each run had spent by "
+                                                       "that update (`--match`)")
+                      + ". Dotted lines mark pipeline stage boundaries.")
     fig = canvas.figure(7.0, 4.0)
     ax = fig.add_subplot()
     rows = []
     for run in runs:
-        pts = [(r["step"], r["reward_mean"]) for r in run.train if r.get("reward_mean") is not None]
+        at = spent_by_step(run, match)
+        pts = [(at[r["step"]], r["reward_mean"]) for r in run.train if r.get("reward_mean") is not None]
         color = src.color(run.label)
         ax.plot(*zip(*pts), marker="o", ms=2.5, color=color, label=run.label)
-        centre = [(r["step"], r["center_reward"]) for r in run.train if r.get("center_reward") is not None]
+        centre = [(at[r["step"]], r["center_reward"]) for r in run.train if r.get("center_reward") is not None]
         if centre:
             ax.plot(*zip(*centre), "s--", ms=3, color=color, alpha=0.7, label=f"{run.label} (centre)")
         for b in _stage_bounds(run):
-            ax.axvline(b + 0.5, color=color, ls=":", lw=1)
+            ax.axvline(b + 0.5 if match == "updates" else at.get(b, 0.0), color=color, ls=":", lw=1)
         values = [v for _, v in pts]
         rows.append([run.label, run.method, len(values), values[0], values[-1], max(values), sum(values) / len(values)])
-    ax.set_xlabel("update")
+    _x_axis(ax, match)
     ax.set_ylabel("training reward")
-    integer_x(ax)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    sec.blocks.append(canvas.save(fig, "reward", "training reward per update"))
+    sec.blocks.append(canvas.save(fig, "reward", f"training reward per {AXIS_LABELS[match]}"))
     sec.blocks.append(Table(["run", "method", "updates", "first", "last", "max", "mean"], rows))
-    long = [[run.label, r["step"], r.get("reward_mean"), r.get("reward_std"), r.get("center_reward"),
-             r.get("update_status") or r.get("stage_method") or ""] for run in runs for r in run.train]
-    sec.blocks.append(Table(["run", "update", "reward mean", "reward std", "centre reward", "status / stage"], long,
+    extra = [] if match == "updates" else [AXIS_LABELS[match]]
+    long = [[run.label, r["step"]] + ([spent(r, match)] if extra else []) +
+            [r.get("reward_mean"), r.get("reward_std"), r.get("center_reward"), r.get("update_status") or r.get("stage_method") or ""]
+            for run in runs for r in run.train]
+    sec.blocks.append(Table(["run", "update"] + extra + ["reward mean", "reward std", "centre reward", "status / stage"], long,
                             "every plotted point"))
     return sec
 
 
-def probe_section(src: Sources, canvas: Canvas) -> Section | None:
+def probe_section(src: Sources, canvas: Canvas, match: str = "updates") -> Section | None:
     runs = [r for r in src.runs if r.probes]
     if not runs:
         return None
@@ -181,32 +207,35 @@ def probe_section(src: Sources, canvas: Canvas) -> Section | None:
     tasks = sorted({str(p.get("task")) for r in runs for p in r.probes if p.get("task")})
     sec.blocks.append("Probe records (`metrics.jsonl`, kind probe): token entropy (nats, at the probe temperature) and "
                       f"pass@k on a fixed held-out set{' (' + ', '.join(tasks) + ')' if tasks else ''}, measured at "
-                      "step 0, every `probe.every` updates and at the end.")
+                      "step 0, every `probe.every` updates and at the end"
+                      + ("." if match == "updates" else f"; drawn against the {AXIS_LABELS[match]} each run had spent "
+                                                       "by the probe's update (`--match`)."))
     fig = canvas.figure(10.0, 3.8)
     left, right = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
     styles = ["-", "--", ":", "-."]
     for run in runs:
         color = src.color(run.label)
-        ent = [(p["step"], p["entropy"]) for p in run.probes if p.get("entropy") is not None]
+        at = spent_by_step(run, match)
+        ent = [(at[p["step"]], p["entropy"]) for p in run.probes if p.get("entropy") is not None and p["step"] in at]
         if ent:
             left.plot(*zip(*ent), marker="o", ms=3, color=color, label=run.label)
         for j, k in enumerate(keys):
-            pts = [(p["step"], p[k]) for p in run.probes if p.get(k) is not None]
+            pts = [(at[p["step"]], p[k]) for p in run.probes if p.get(k) is not None and p["step"] in at]
             if pts:
                 right.plot(*zip(*pts), styles[j % len(styles)], marker="o", ms=3, color=color, label=f"{run.label} {k}")
-    left.set_xlabel("update")
     left.set_ylabel("token entropy (nats)")
-    right.set_xlabel("update")
     right.set_ylabel("pass@k")
     right.set_ylim(0, 1.02)
     for ax in (left, right):
-        integer_x(ax)
+        _x_axis(ax, match)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     sec.blocks.append(canvas.save(fig, "probe", "entropy and pass@k trajectories"))
-    rows = [[run.label, p["step"], p.get("task"), p.get("entropy")] + [p.get(k) for k in keys] + [p.get("distinct_correct")]
+    extra = [] if match == "updates" else [AXIS_LABELS[match]]
+    rows = [[run.label, p["step"]] + ([spent_by_step(run, match).get(p["step"])] if extra else []) +
+            [p.get("task"), p.get("entropy")] + [p.get(k) for k in keys] + [p.get("distinct_correct")]
             for run in runs for p in run.probes]
-    sec.blocks.append(Table(["run", "update", "task", "entropy"] + keys + ["distinct correct"], rows))
+    sec.blocks.append(Table(["run", "update"] + extra + ["task", "entropy"] + keys + ["distinct correct"], rows))
     return sec
 
 
@@ -230,3 +259,62 @@ def cost_section(src: Sources) -> Section | None:
                             "and the process's peak resident memory.",
                             Table(["run", "method", "updates", "s / update", "total s", "sequences / update",
                                    "gen tokens / update", "gen tokens total", "peak RSS MB", "peak GPU MB"], rows)])
+
+
+def completion_limits(run: Run) -> dict[str, int | None]:
+    """The training completion length limit of each method a run trained with (from its resolved config):
+    ES members generate ``generation.max_new_tokens``; GRPO rollouts ``grpo.max_completion_length`` (0 or
+    absent: the same ``generation.max_new_tokens``)."""
+    cfg = run.config
+    gen = (cfg.get("generation") or {}).get("max_new_tokens")
+    methods = {"es": ["es"], "grpo": ["grpo"]}.get(run.method, ["es", "grpo"] if run.kind == "pipeline" else [run.method])
+    out = {}
+    for m in methods:
+        if m == "grpo":
+            out[m] = (cfg.get("grpo") or {}).get("max_completion_length") or gen
+        elif m == "es":
+            out[m] = gen
+    return out
+
+
+def configured_match(run: Run) -> tuple[str, float | None]:
+    """What a run was configured to match: ``(quantity, budget)`` (``run.match``/``run.budget``; a pipeline's
+    ``pipeline.match``/``pipeline.budget``); updates with the update count when the config predates them."""
+    cfg = run.config
+    if run.kind == "pipeline":
+        p = cfg.get("pipeline") or {}
+        return p.get("match", "updates"), p.get("budget")
+    r = cfg.get("run") or {}
+    match = r.get("match", "updates")
+    if match != "updates":
+        return match, r.get("budget")
+    return "updates", (cfg.get("es") or {}).get("iterations") if run.method == "es" else (cfg.get("grpo") or {}).get("steps")
+
+
+def budget_section(src: Sources, match: str = "updates") -> Section | None:
+    """Per run: what it spent in each quantity, what it was configured to match, its completion length limit."""
+    runs = [r for r in src.runs if r.train]
+    if not runs:
+        return None
+    rows, limits = [], set()
+    for run in runs:
+        last = run.train[-1]
+        quantity, budget = configured_match(run)
+        lim = completion_limits(run)
+        limits |= {v for v in lim.values() if v is not None}
+        rows.append([run.label, run.method, f"{quantity} = {budget:g}" if isinstance(budget, (int, float)) else quantity,
+                     spent(last, match)] + [spent(last, q) for q in MATCH_FIELDS] +
+                    [", ".join(f"{m} {v}" for m, v in lim.items())])
+    values = {row[0]: row[3] for row in rows}
+    lo, hi = min(values.values()), max(values.values())
+    text = (f"What each run spent, from its training records' running totals. Compared on **{match}** (`--match`): "
+            + ", ".join(f"{label} {v:,.6g}" for label, v in values.items())
+            + (f" (largest / smallest {hi / lo:.3g})" if lo > 0 and len(values) > 1 else "") + ". "
+            + ("One completion length limit on both sides"
+               if len(limits) <= 1 else f"**Completion length limits differ** ({', '.join(str(v) for v in sorted(limits))} tokens)")
+            + " (ES: `generation.max_new_tokens`; GRPO: `grpo.max_completion_length`, 0 = the same). A run configured to "
+              "match sequences, tokens or seconds stops after the update that reaches its budget, so it overshoots by "
+              "less than one update.")
+    return Section("Budget: what each run spent", [text, Table(
+        ["run", "method", "configured budget", f"matched: {match}", "updates", "sequences", "tokens", "seconds",
+         "completion limit (tokens)"], rows)])
