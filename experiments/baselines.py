@@ -2,6 +2,7 @@
 
     python experiments/baselines.py run [--models smollm2-135m,gemma3-270m] [--only LABEL,...]
     python experiments/baselines.py load-time          # seconds to load each model from its cache
+    python experiments/baselines.py cost [--only LABEL,...]   # ES / GRPO seconds per update (2 updates)
     python experiments/baselines.py table              # the Markdown table of docs/results.md
 
 `run` calls `evolm eval` once per (model, task setting) with the settings in ``SETTINGS`` and writes
@@ -10,11 +11,16 @@ repository small). Generations are cached per model fingerprint, so a killed run
 stopped. `table` reads only those files (and ``load_time.json``), so the table in docs/results.md is
 regenerated from what is committed.
 
-Budget: on the shared 2-core machine (load average 10-14 while these ran: eight jobs on two cores) a
-Gemma-3-270M eval generated ~7 tokens/s, so n = 32 on 64 problems (~34k tokens per task) did not fit
-in the ~3 hours allowed for the whole set. The settings are 32 problems, n = 16 (pass@1/8/16) and a
-greedy pass per task, and for GSM8K (160 tokens per completion) greedy plus n = 2; the table states
-them. Base-model prompts use the tasks'
+Budget: on the shared 2-core machine (load average 9-14 while these ran: eight jobs on two cores,
+~10-20% of a core per process) a Gemma-3-270M eval generated 1-2 tokens/s: one decode step at batch 64
+costs ~1.5 CPU-seconds, of which the 262k-vocabulary LM head is 0.45, sampling from the 262k
+softmax 0.45 and the entropy 0.15. n = 32 on 64 problems (~34k tokens per task) was far out of reach
+of the ~3 hours allowed for the whole set, so every task is measured on 32 problems with a greedy pass
+and n = 8 samples at T = 1 (pass@1/4/8); GSM8K (160 tokens per completion) greedy plus one sample.
+1-digit addition has only 23 test problems: its 32 draws repeat 9, and the table counts each distinct
+problem once.
+
+Base-model prompts use the tasks' Base-model prompts use the tasks'
 own defaults (procedural tasks: one worked demonstration; dataset tasks: ``shots`` demonstrations on
 plain-text prompts, see evolm.tasks.fewshot).
 """
@@ -32,15 +38,19 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "baselines"
 MODELS = ["smollm2-135m", "gemma3-270m"]
 
-# label -> (task, task params, problems, n, ks, max new tokens, what it is)
-SETTINGS: dict[str, tuple[str, dict, int, int, list[int], int, str]] = {
-    "arithmetic-1digit": ("arithmetic", {"digits": 1}, 32, 16, [1, 8, 16], 16, "train task: 1-digit addition"),
-    "arithmetic-2digit": ("arithmetic", {"digits": 2}, 32, 16, [1, 8, 16], 16, "train task: 2-digit addition"),
-    "countdown": ("countdown", {}, 32, 16, [1, 8, 16], 24, "train task: Countdown, 2-3 numbers <= 10, target <= 50"),
-    "csqa": ("csqa", {}, 32, 16, [1, 8, 16], 8, "held out: CommonsenseQA (5 choices)"),
-    "arc_easy": ("arc_easy", {}, 32, 16, [1, 8, 16], 8, "held out: ARC-Easy (4 choices)"),
-    "sst2": ("sst2", {}, 32, 16, [1, 8, 16], 8, "held out: SST-2 (2 choices)"),
-    "gsm8k": ("gsm8k", {}, 32, 2, [1, 2], 160, "held out: GSM8K"),
+MC_TOKENS = {"smollm2-135m": 32, "gemma3-270m": 8}
+"""Multiple choice: the task's default 32 for the chat model (it may write "The answer is B." and stops
+at its end-of-sequence token); 8 for the base model, which answers "Answer: C" (4 tokens) and never stops."""
+
+# label -> (task, task params, problems, n, ks, max new tokens (or per model), what it is)
+SETTINGS: dict[str, tuple[str, dict, int, int, list[int], int | dict, str]] = {
+    "arithmetic-1digit": ("arithmetic", {"digits": 1}, 32, 8, [1, 4, 8], 16, "train task: 1-digit addition"),
+    "arithmetic-2digit": ("arithmetic", {"digits": 2}, 32, 8, [1, 4, 8], 16, "train task: 2-digit addition"),
+    "countdown": ("countdown", {}, 32, 8, [1, 4, 8], 24, "train task: Countdown, 2-3 numbers <= 10, target <= 50"),
+    "csqa": ("csqa", {}, 32, 8, [1, 4, 8], MC_TOKENS, "held out: CommonsenseQA (5 choices)"),
+    "arc_easy": ("arc_easy", {}, 32, 8, [1, 4, 8], MC_TOKENS, "held out: ARC-Easy (4 choices)"),
+    "sst2": ("sst2", {}, 32, 8, [1, 4, 8], MC_TOKENS, "held out: SST-2 (2 choices)"),
+    "gsm8k": ("gsm8k", {}, 32, 1, [1], 160, "held out: GSM8K"),
 }
 
 
@@ -54,6 +64,7 @@ def run(models: list[str], only: list[str] | None) -> None:
         for label, (task, params, limit, n, ks, max_tokens, _) in SETTINGS.items():
             if only and label not in only:
                 continue
+            max_tokens = max_tokens[model] if isinstance(max_tokens, dict) else max_tokens
             out = OUT / model / label
             if (out / "eval.json").exists():
                 print(f"[baselines] {model} {label}: done already ({out / 'eval.json'})", flush=True)
@@ -95,32 +106,91 @@ def load_time(models: list[str]) -> None:
     out.write_text(json.dumps(data, indent=1) + "\n")
 
 
+# label -> (verb, config): two updates each, no before/after evaluation or probe (their cost is not an update's)
+COST_RUNS = {
+    "es-smollm2-135m": ("es", "configs/es-arithmetic.toml"),
+    "es-gemma3-270m": ("es", "configs/es-arithmetic-gemma.toml"),
+    "grpo-gemma3-270m": ("grpo", "configs/grpo-arithmetic-gemma.toml"),
+    "grpo-smollm2-135m": ("grpo", "configs/grpo-arithmetic.toml"),
+}
+COST_FIELDS = ("seconds", "seconds_generate", "seconds_perturb", "seconds_restore", "seconds_update", "gen_sequences",
+               "gen_tokens", "peak_rss_mb", "reward_mean")
+
+
+def cost(only: list[str] | None) -> None:
+    """Run each COST_RUNS config for 2 updates and keep its per-update records in docs/baselines/cost/."""
+    import os
+
+    for label, (verb, config) in COST_RUNS.items():
+        if only and label not in only:
+            continue
+        out = OUT / "cost" / f"{label}.json"
+        if out.exists():
+            print(f"[baselines] {label}: done already ({out})", flush=True)
+            continue
+        run_dir = ROOT / "runs" / f"cost-{label}"
+        if run_dir.exists():
+            import shutil
+
+            shutil.rmtree(run_dir)
+        overrides = ["run.out_dir='runs'", f"run.name='cost-{label}'", "run.progress=false", "run.checkpoint_every=0",
+                     "eval.before_after=false", "probe.every=0", f"{verb}.{'iterations' if verb == 'es' else 'steps'}=2"]
+        cmd = _evolm() + [verb, "--config", config] + [x for o in overrides for x in ("--set", o)]
+        print(f"[baselines] {label}: {' '.join(cmd[1:])}", flush=True)
+        load_before = os.getloadavg()
+        t0 = time.time()
+        subprocess.run(cmd, check=True, cwd=ROOT)
+        wall = time.time() - t0
+        records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        train = [{k: r[k] for k in COST_FIELDS if k in r} | {"step": r["step"]} for r in records if r.get("kind") == "train"]
+        result = {"label": label, "command": " ".join(["evolm"] + cmd[1:]), "config": config, "updates": train,
+                  "seconds_per_update": round(sum(r["seconds"] for r in train) / len(train), 1),
+                  "peak_rss_mb": max(r.get("peak_rss_mb", 0) for r in train), "wall_seconds_whole_run": round(wall, 1),
+                  "load_average_1min_before_after": [round(load_before[0], 1), round(os.getloadavg()[0], 1)],
+                  "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=1) + "\n")
+        print(f"[baselines] {label}: {result['seconds_per_update']} s per update, peak RSS {result['peak_rss_mb']:.0f} MB", flush=True)
+
+
 def _fmt(x, digits=3):
     return "–" if x is None else f"{x:.{digits}f}"
 
 
+def distinct_summary(task_report: dict) -> dict:
+    """The task's summary recomputed over distinct problems (a repeated draw counted once)."""
+    from dataclasses import fields
+
+    from evolm.evaluate import ProblemResult, summarize
+
+    names = {f.name for f in fields(ProblemResult)}
+    seen: dict[str, ProblemResult] = {}
+    for row in task_report["problems"]:
+        seen.setdefault(row["id"], ProblemResult(**{k: v for k, v in row.items() if k in names}))
+    return summarize(list(seen.values()), task_report["ks"])
+
+
 def table() -> str:
     """The baseline table (Markdown) from docs/baselines/*/*/eval.json."""
-    lines = ["| model | task | problems × n | max tokens | greedy | pass@1 | pass@8 | pass@16 | chance pass@1 | "
-             "entropy (nats) | format | wall time |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| model | task | problems × n | max tokens | greedy | pass@1 | pass@4 | pass@8 | chance pass@1 / @8 | "
+             "entropy (nats) | format | tokens | wall time |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for model in MODELS:
         for label, (task, _, _, _, _, max_tokens, _) in SETTINGS.items():
+            max_tokens = max_tokens[model] if isinstance(max_tokens, dict) else max_tokens
             path = OUT / model / label / "eval.json"
             if not path.exists():
                 continue
             report = json.loads(path.read_text())
-            s = report["tasks"][task]["summary"]
-            chance = s.get("chance pass@1")
-            if chance is None:
-                problems = report["tasks"][task].get("problems", [])
-                chances = [p.get("chance") for p in problems if p.get("chance") is not None]
-                chance = sum(chances) / len(chances) if chances else None
+            s = distinct_summary(report["tasks"][task])
+            chance = "–" if s.get("chance_pass@1") is None else \
+                f"{s['chance_pass@1']:.2f} / {s['chance_pass@8']:.2f}" if "chance_pass@8" in s else f"{s['chance_pass@1']:.2f}"
             wall = report.get("wall_seconds")
             lines.append(f"| {model} | {label} | {s['problems']} × {report['settings']['n']} | {max_tokens} | "
-                         f"{_fmt(s.get('greedy'))} | {_fmt(s.get('pass@1'))} | {_fmt(s.get('pass@8'))} | "
-                         f"{_fmt(s.get('pass@16'))} | {_fmt(chance)} | {_fmt(s.get('entropy'))} | "
-                         f"{_fmt(s.get('format'), 2)} | {'–' if wall is None else f'{wall / 60:.0f} min'} |")
+                         f"{_fmt(s.get('greedy'))} | {_fmt(s.get('pass@1'))} | {_fmt(s.get('pass@4'))} | "
+                         f"{_fmt(s.get('pass@8'))} | {chance} | {_fmt(s.get('entropy'))} | "
+                         f"{_fmt(s.get('format_rate'), 2)} | {_fmt(s.get('mean_tokens'), 1)} | "
+                         f"{'–' if wall is None else f'{wall / 60:.0f} min'} |")
     return "\n".join(lines)
 
 
@@ -132,10 +202,14 @@ def main() -> None:
     r.add_argument("--only", default="", help="comma-separated labels")
     lt = sub.add_parser("load-time")
     lt.add_argument("--models", default=",".join(MODELS))
+    c = sub.add_parser("cost")
+    c.add_argument("--only", default="", help="comma-separated labels of COST_RUNS")
     sub.add_parser("table")
     args = ap.parse_args()
     if args.cmd == "run":
         run(args.models.split(","), [x for x in args.only.split(",") if x] or None)
+    elif args.cmd == "cost":
+        cost([x for x in args.only.split(",") if x] or None)
     elif args.cmd == "load-time":
         load_time(args.models.split(","))
     else:

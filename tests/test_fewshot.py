@@ -88,3 +88,22 @@ def test_a_task_without_demonstrations_refuses_shots_and_defaults_to_none():
     assert make_task("gpqa").shots_for(None) == 0
     with pytest.raises(ConfigError, match=r"params are|takes path.*shots"):
         make_task("csqa", shot=2)
+
+
+def test_grpo_rows_leave_the_bos_to_trl():
+    """TRL tokenizes plain-text prompts with special tokens: the rendered BOS must not be doubled."""
+    from evolm.grpo import training_rows
+
+    task = make_task("arithmetic", digits=1)
+    examples = task.examples("train", 2)
+    rows = training_rows(task, examples, _BosTokenizer())
+    assert rows["prompt"] == [task.render_prompt(e, _BosTokenizer())[len("<bos>"):] for e in examples]
+    assert rows["prompt"] == [task.render_prompt(e) for e in examples]
+
+
+def test_chat_messages_carry_the_demonstrations_when_shots_is_set():
+    task = make_task("sst2", shots=2)
+    msgs = task.messages(task.examples("test", 1)[0])
+    assert [m["role"] for m in msgs] == ["system", "user", "assistant", "user", "assistant", "user"]
+    assert [m["content"] for m in msgs if m["role"] == "assistant"] == ["Answer: A", "Answer: B"]
+    assert [m["role"] for m in make_task("sst2").messages(task.examples("test", 1)[0])] == ["system", "user"]

@@ -228,9 +228,15 @@ def trl_args(cfg: GRPOJob, output_dir: str) -> dict[str, Any]:
 
 def training_rows(task, examples: list, tokenizer) -> dict[str, list]:
     """Dataset columns for TRL: ``prompt`` (chat messages, or plain text for models without a chat
-    template) and ``example_index`` (row -> ``examples[i]``, for the reward)."""
+    template) and ``example_index`` (row -> ``examples[i]``, for the reward).
+
+    TRL tokenizes plain text with the tokenizer's special tokens, so the BOS that ``render_prompt``
+    writes for base models (Gemma) is left to TRL: the token ids are those ES generates from."""
+    from evolm.tasks.base import bos_text
+
     chat = bool(getattr(tokenizer, "chat_template", None))
-    prompts = [task.messages(ex) if chat else task.render_prompt(ex, tokenizer) for ex in examples]
+    bos = bos_text(tokenizer)
+    prompts = [task.messages(ex) if chat else task.render_prompt(ex, tokenizer).removeprefix(bos) for ex in examples]
     return {"prompt": prompts, "example_index": list(range(len(examples)))}
 
 

@@ -107,17 +107,20 @@ class FewShot:
         return self._demos[count]
 
     # -- rendering --------------------------------------------------------------------------------
+    def messages(self, example: Example) -> list[dict[str, str]]:
+        """Chat turns (used only with a chat template, where demonstrations are shown when ``shots`` is set)."""
+        msgs = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        for question, reply in self.demonstrations(self.shots or 0):
+            msgs += [{"role": "user", "content": question}, {"role": "assistant", "content": reply}]
+        return msgs + [{"role": "user", "content": example.question}]
+
     def render_prompt(self, example: Example, tokenizer=None) -> str:
+        if uses_chat_template(tokenizer):
+            return tokenizer.apply_chat_template(self.messages(example), tokenize=False, add_generation_prompt=True)
         shots = self.shots_for(tokenizer)
         if shots == 0:
             return super().render_prompt(example, tokenizer)
         demos = self.demonstrations(shots)
-        if uses_chat_template(tokenizer):
-            msgs = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
-            for question, reply in demos:
-                msgs += [{"role": "user", "content": question}, {"role": "assistant", "content": reply}]
-            msgs.append({"role": "user", "content": example.question})
-            return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
         head = f"{self.system_prompt}\n\n" if self.system_prompt else ""
         shown = "".join(f"{question}\n{reply}\n\n" for question, reply in demos)
         return f"{bos_text(tokenizer)}{head}{shown}{example.question}\n"
