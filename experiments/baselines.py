@@ -106,7 +106,9 @@ def load_time(models: list[str]) -> None:
     out.write_text(json.dumps(data, indent=1) + "\n")
 
 
-# label -> (verb, config): two updates each, no before/after evaluation or probe (their cost is not an update's)
+# label -> (verb, config): two updates each, no before/after evaluation or probe (their cost is not an update's).
+# On a loaded machine the wall time per update mostly measures the load; the CPU seconds of the whole
+# run (model load + 2 updates, one thread) are the load-independent figure.
 COST_RUNS = {
     "es-smollm2-135m": ("es", "configs/es-arithmetic.toml"),
     "es-gemma3-270m": ("es", "configs/es-arithmetic-gemma.toml"),
@@ -137,15 +139,21 @@ def cost(only: list[str] | None) -> None:
                      "eval.before_after=false", "probe.every=0", f"{verb}.{'iterations' if verb == 'es' else 'steps'}=2"]
         cmd = _evolm() + [verb, "--config", config] + [x for o in overrides for x in ("--set", o)]
         print(f"[baselines] {label}: {' '.join(cmd[1:])}", flush=True)
+        import resource
+
         load_before = os.getloadavg()
+        cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.time()
         subprocess.run(cmd, check=True, cwd=ROOT)
         wall = time.time() - t0
+        cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
         records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
         train = [{k: r[k] for k in COST_FIELDS if k in r} | {"step": r["step"]} for r in records if r.get("kind") == "train"]
         result = {"label": label, "command": " ".join(["evolm"] + cmd[1:]), "config": config, "updates": train,
                   "seconds_per_update": round(sum(r["seconds"] for r in train) / len(train), 1),
                   "peak_rss_mb": max(r.get("peak_rss_mb", 0) for r in train), "wall_seconds_whole_run": round(wall, 1),
+                  "cpu_seconds_whole_run": round(cpu, 1),
                   "load_average_1min_before_after": [round(load_before[0], 1), round(os.getloadavg()[0], 1)],
                   "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -194,6 +202,31 @@ def table() -> str:
     return "\n".join(lines)
 
 
+def cost_table() -> str:
+    """Load time and cost per update (Markdown) from docs/baselines/load_time.json and docs/baselines/cost/*.json."""
+    lines = ["| run | seconds per update (wall) | of which generation | CPU seconds, whole run | peak RSS | "
+             "sequences × tokens per update | load average (1 min) |", "|---|---|---|---|---|---|---|"]
+    for label in COST_RUNS:
+        path = OUT / "cost" / f"{label}.json"
+        if not path.exists():
+            continue
+        c = json.loads(path.read_text())
+        ups = c["updates"]
+        gen = [u.get("seconds_generate") for u in ups if u.get("seconds_generate") is not None]
+        share = f"{sum(gen) / sum(u['seconds'] for u in ups):.0%}" if gen else "–"
+        cpu = c.get("cpu_seconds_whole_run")
+        lines.append(f"| {label} | {' / '.join(str(round(u['seconds'])) for u in ups)} | {share} | "
+                     f"{'–' if cpu is None else round(cpu)} | {c['peak_rss_mb'] / 1024:.1f} GB | "
+                     f"{ups[0].get('gen_sequences', '–')} × {ups[0].get('gen_tokens', 0) / max(1, ups[0].get('gen_sequences', 1)):.1f} | "
+                     f"{c['load_average_1min_before_after'][0]} → {c['load_average_1min_before_after'][1]} |")
+    path = OUT / "load_time.json"
+    if path.exists():
+        lines += ["", "| model | parameters | load from the safetensors cache (median of 3) |", "|---|---|---|"]
+        for model, d in json.loads(path.read_text()).items():
+            lines.append(f"| {model} | {d['parameters']:,} | {d['load_seconds_from_cache']} s |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -214,6 +247,8 @@ def main() -> None:
         load_time(args.models.split(","))
     else:
         print(table())
+        print()
+        print(cost_table())
 
 
 if __name__ == "__main__":
