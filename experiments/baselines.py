@@ -3,7 +3,7 @@
     python experiments/baselines.py run [--models smollm2-135m,gemma3-270m] [--only LABEL,...]
     python experiments/baselines.py load-time          # seconds to load each model from its cache
     python experiments/baselines.py cost [--only LABEL,...]   # ES / GRPO seconds per update (2 updates)
-    python experiments/baselines.py table              # the Markdown table of docs/results.md
+    python experiments/baselines.py table [--write]    # the tables of docs/results.md (--write: replace them there)
 
 `run` calls `evolm eval` once per (model, task setting) with the settings in ``SETTINGS`` and writes
 ``docs/baselines/<model>/<label>/eval.json`` (+ eval.md; the pass@k plot is removed to keep the
@@ -227,6 +227,20 @@ def cost_table() -> str:
     return "\n".join(lines)
 
 
+BEGIN, END = "<!-- baselines table: experiments/baselines.py table --write -->", "<!-- end of baselines table -->"
+
+
+def write_results(text: str) -> None:
+    """Replace the generated block of docs/results.md (between BEGIN and END)."""
+    path = ROOT / "docs" / "results.md"
+    doc = path.read_text()
+    if BEGIN not in doc or END not in doc:
+        raise SystemExit(f"{path} has no generated block ({BEGIN} ... {END})")
+    head, rest = doc.split(BEGIN, 1)
+    tail = rest.split(END, 1)[1]
+    path.write_text(f"{head}{BEGIN}\n{text}\n{END}{tail}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -237,7 +251,8 @@ def main() -> None:
     lt.add_argument("--models", default=",".join(MODELS))
     c = sub.add_parser("cost")
     c.add_argument("--only", default="", help="comma-separated labels of COST_RUNS")
-    sub.add_parser("table")
+    t = sub.add_parser("table")
+    t.add_argument("--write", action="store_true", help="replace the tables between the markers in docs/results.md")
     args = ap.parse_args()
     if args.cmd == "run":
         run(args.models.split(","), [x for x in args.only.split(",") if x] or None)
@@ -246,9 +261,10 @@ def main() -> None:
     elif args.cmd == "load-time":
         load_time(args.models.split(","))
     else:
-        print(table())
-        print()
-        print(cost_table())
+        text = table() + "\n\n" + cost_table()
+        if args.write:
+            write_results(text)
+        print(text)
 
 
 if __name__ == "__main__":
