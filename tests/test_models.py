@@ -42,15 +42,17 @@ def test_run_directory_means_its_final_weights(tmp_path, tokenizer):
     assert r.kind == "hf_dir" and r.location == str(final)
 
 
-def test_gguf_conversion_is_cached_and_reused(tmp_path, monkeypatch):
+def test_gguf_conversion_is_cached_and_reused(tmp_path, monkeypatch, tokenizer):
     """The second load of a GGUF spec reads the safetensors cache instead of converting again."""
+    from conftest import make_tiny_model
+
     monkeypatch.setenv("EVOLM_CACHE", str(tmp_path / "cache"))
     calls = []
 
-    def fake_convert(gguf, out):
+    def fake_convert(gguf, out, fix=""):
         calls.append(gguf)
-        out.mkdir(parents=True)
-        (out / "config.json").write_text("{}")
+        make_tiny_model(tokenizer).save_pretrained(out)
+        tokenizer.save_pretrained(out)
 
     monkeypatch.setattr(models, "_convert_gguf", fake_convert)
     first = models.local_dir(models.DEFAULT_MODEL)

@@ -347,7 +347,8 @@ def test_unreadable_models_are_one_line_errors(broken_models, name, message, tmp
     assert main(["eval", "--model", spec, "--tasks", "arithmetic", "--n", "1", "--k", "1", "--limit", "1",
                  "--no-progress", "--out", str(tmp_path / "e")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith(f"evolm: error: cannot load model '{spec}'") and message in err[-1], err
+    opening = f"cannot read GGUF file {spec}" if name == "gguf" else f"cannot load model '{spec}'"
+    assert err[-1].startswith(f"evolm: error: {opening}") and message in err[-1], err
     if name != "gguf":
         assert main(["analyze", "drift", "--base", spec, "--trained", str(broken_models["good"]),
                      "--out", str(tmp_path / "d")]) == 2

@@ -260,13 +260,20 @@ def training_rows(task, examples: list, tokenizer) -> dict[str, list]:
     """Dataset columns for TRL: ``prompt`` (chat messages, or plain text for models without a chat
     template) and ``example_index`` (row -> ``examples[i]``, for the reward). Problems that carry their
     own full prompt text (``task.verbatim_prompt``) give it as plain text: TRL feeds a text prompt
-    as is, tokenized with the tokenizer's special tokens."""
+    as is.
+
+    TRL tokenizes plain text with the tokenizer's special tokens, so the BOS that ``render_prompt``
+    writes for base models (Gemma) is left to TRL: the token ids are those ES generates from."""
+    from evolm.tasks.base import bos_text
+
+    bos = bos_text(tokenizer)
     verbatim = [getattr(task, "verbatim_prompt", lambda ex: None)(ex) for ex in examples]
     if any(v is not None for v in verbatim):
-        return {"prompt": [v if v is not None else task.render_prompt(ex, tokenizer) for v, ex in zip(verbatim, examples)],
+        return {"prompt": [v if v is not None else task.render_prompt(ex, tokenizer).removeprefix(bos)
+                           for v, ex in zip(verbatim, examples)],
                 "example_index": list(range(len(examples)))}
     chat = bool(getattr(tokenizer, "chat_template", None))
-    prompts = [task.messages(ex) if chat else task.render_prompt(ex, tokenizer) for ex in examples]
+    prompts = [task.messages(ex) if chat else task.render_prompt(ex, tokenizer).removeprefix(bos) for ex in examples]
     return {"prompt": prompts, "example_index": list(range(len(examples)))}
 
 

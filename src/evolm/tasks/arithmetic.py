@@ -17,6 +17,15 @@ wordings ("What is A + B?" with the chat template's own system prompt 6.2%, the 
 "Answer with the number only." 0%, "A + B =" with "You are a calculator. Reply with the result only."
 6.2%, "Compute A + B." 2.1%).
 
+Gemma-3-270M (a base model: the same prompt as plain text, opened by its BOS token; 16 new tokens,
+greedy, test split, seed 0) answers ``A + B = C`` on its first line and then writes the next
+question (it never stops; only the first line is read). 1-digit addition: greedy 62.5% with one
+demonstration (32 draws of the 23 test problems), 59.4% with three. 2-digit addition stays near the
+floor for every prompt tried on 32 problems: one demonstration 6.2% (most answers repeat the
+demonstration's sum), three or five 0%, a bare list of three or five ``A + B = C`` lines ending in
+``A + B =`` 6.2% / 9.4%, zero-shot 0%. Without the BOS token the one-shot prompt scored 0% on 2-digit
+addition. So the Gemma configs train on 1-digit addition (``configs/*-gemma.toml``).
+
 Design decisions:
 
 - Knobs: ``digits`` (every operand has exactly this many digits; 1 means 0-9), ``operators`` (the

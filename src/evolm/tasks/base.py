@@ -92,7 +92,7 @@ class Task(ABC):
         if tokenizer is not None and getattr(tokenizer, "chat_template", None):
             return tokenizer.apply_chat_template(self.messages(example), tokenize=False, add_generation_prompt=True)
         head = f"{self.system_prompt}\n\n" if self.system_prompt else ""
-        return f"{head}{example.question}\n"
+        return f"{bos_text(tokenizer)}{head}{example.question}\n"
 
     # -- scoring (pure) ----------------------------------------------------------------------------
     @abstractmethod
@@ -123,6 +123,20 @@ class Task(ABC):
     def verbatim_prompt(self, example: Example) -> str | None:
         """The example's own full prompt text when its data carry one (fed as is), else None."""
         return None
+
+
+def bos_text(tokenizer) -> str:
+    """The beginning-of-sequence token's text when ``tokenizer`` starts plain text with one, else ``""``.
+
+    Generators encode rendered prompts with ``add_special_tokens=False`` (a chat template writes its own
+    special tokens), so a plain-text prompt for a base model that expects BOS (Gemma: without it the
+    model degenerates) carries the token in its text. SmolLM2's tokenizer adds none.
+    """
+    bos = getattr(tokenizer, "bos_token", None)
+    if tokenizer is None or bos is None:
+        return ""
+    ids = tokenizer("a")["input_ids"]
+    return bos if ids[:1] == [tokenizer.bos_token_id] else ""
 
 
 # -- helpers shared by answer extractors -----------------------------------------------------------

@@ -19,6 +19,12 @@ from a, b." 4.2%; a TinyZero-style question asking for ``<answer></answer>`` tag
 8.3% correct, 69% tagged; a demonstration reply ``3 + 3 = 6`` instead of tags 12.5% correct, 0%
 tagged. (Three to four numbers, zero-shot, were reported at about 0% before; not re-measured here.)
 
+Gemma-3-270M (base model; the same prompt as plain text opened by its BOS token, 24 new tokens, 32
+test problems): greedy 12.5% with one demonstration, 15.6% with three, every first line a tagged
+equation (format 100%). It then writes the next problem (it never stops), and the checker reads the
+*last* ``<answer>`` block: at 24 tokens the invented problem's block is not complete yet, so its own
+answer is read; longer limits on a base model would score the invented problem's answer instead.
+
 The default space is small: 2,590 problems (159 with 2 numbers), 494 of them test (about 30 with 2
 numbers), so large test draws repeat problems (see ``procedural``). ``max_number=20, max_target=100``
 gives 16,854 problems (3,392 test) at a difficulty not measured here.

