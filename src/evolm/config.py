@@ -152,6 +152,12 @@ class ESConfig:
     """If set, also require parameter names to match this regular expression."""
     eval_center_every: int = 0
     """Score the unperturbed centre on the iteration's prompts every this many updates (0: never)."""
+    perturbation: Literal["full", "lowrank"] = "full"
+    """full: each member adds sigma x dense Gaussian noise to every selected coordinate, and members are scored one after another. lowrank (EGGROLL): each selected weight matrix W (out x in; Linear weights, the embedding per looked-up row) gets sigma * A B^T / sqrt(rank) with Gaussian A (out x rank), B (in x rank); vectors (norms, biases) get full noise; all members are scored in one batched forward pass (hf backend). See docs/es.md."""
+    rank: int = 4
+    """Rank r of each member's matrix perturbation when perturbation = "lowrank" (an update has rank <= N x r)."""
+    member_batch: int = 0
+    """With perturbation = "lowrank": members per batched generate call (0: all N at once). Rows per call = members x prompts; lower it to bound memory (the KV cache grows with the rows)."""
 
     def validate(self, p: str) -> None:
         require(self.iterations >= 1, f"{p}.iterations must be >= 1 (got {self.iterations})")
@@ -163,6 +169,8 @@ class ESConfig:
         require(self.prompts_per_iteration >= 1, f"{p}.prompts_per_iteration must be >= 1 (got {self.prompts_per_iteration})")
         require(self.noise_table_size >= 0, f"{p}.noise_table_size must be >= 0 (got {self.noise_table_size})")
         require(self.eval_center_every >= 0, f"{p}.eval_center_every must be >= 0 (got {self.eval_center_every})")
+        require(self.rank >= 1, f"{p}.rank must be >= 1 (got {self.rank})")
+        require(self.member_batch >= 0, f"{p}.member_batch must be >= 0 (got {self.member_batch}; 0 scores all members in one call)")
         bad = [c for c in self.params if c not in CATEGORIES + ("all",)]
         require(not bad and bool(self.params), f"{p}.params must be a non-empty list of {('all',) + CATEGORIES} (got {self.params})")
         if self.param_regex:

@@ -98,6 +98,11 @@ class LocalPopulation:
         """Release what the population holds (nothing for a local one)."""
 
 
-def make_population(cfg, params: ParamSet, generator: Generator, task: Task) -> LocalPopulation:
-    """The population an ES job's config asks for (local: this process, one member after another)."""
+def make_population(cfg, params: ParamSet, generator: Generator, task: Task):
+    """The population an ES job's config asks for: local (this process, one member after another), or
+    low-rank (``es.perturbation = "lowrank"``: all members in batched forward passes, ``es/lowrank_population.py``)."""
+    if cfg.es.perturbation == "lowrank":
+        from evolm.es.lowrank_population import LowRankPopulation
+
+        return LowRankPopulation(params, generator, task, cfg.es.member_batch)
     return LocalPopulation(params, generator, task)
