@@ -328,3 +328,55 @@ def test_config_validation_of_lowrank_fields(override, message):
         config.from_dict(config.ESJob, {}, [override])
     cfg = config.from_dict(config.ESJob, {}, ["es.perturbation='lowrank'", "es.rank=1", "es.member_batch=4"])
     assert (cfg.es.perturbation, cfg.es.rank, cfg.es.member_batch) == ("lowrank", 1, 4)
+
+
+# -- the real default model ----------------------------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.ci
+def test_batched_members_match_materialised_members_on_smollm2():
+    """SmolLM2-135M on the training task's prompts: identical greedy and sampled text for every member,
+    logits within the documented tolerance of the member materialised as full weights."""
+    from evolm.es.engine import build_paramset, training_batch
+    from evolm.models import load
+    from evolm.tasks import make_task
+
+    model, tokenizer = load("smollm2-135m", threads=1)
+    task = make_task("arithmetic", "qiu", None, digits=2, operators="+", terms=2)
+    _, prompts = training_batch(task, tokenizer, 0, 0, 6)
+    params = build_paramset(model, _lowrank_cfg("es.rank=4"))
+    generator = HFGenerator(model, tokenizer, batch_size=64)
+    layout = member_layout("antithetic", 4)
+    sigma, iteration = 0.01, 0  # larger than the shipped 1e-3 so that members answer differently
+    forward, batched = MemberForward(model, params), HFMemberGenerator(generator)
+    for sampling in (SamplingParams(max_new_tokens=12), SamplingParams(max_new_tokens=12, temperature=1.0, seed=3)):
+        expected, expected_logits = _materialised(params, model, generator, prompts, sampling, layout, iteration, sigma)
+        with forward.members(iteration, layout, sigma):
+            got = [[c[0].text for c in member] for member in batched.generate(prompts, sampling, len(layout))]
+            enc = tokenizer(prompts, return_tensors="pt", padding=True)
+            with torch.no_grad():
+                logits = model(**{k: v.repeat(len(layout), 1) for k, v in enc.items()}).logits
+        assert got == expected
+        assert len({tuple(texts) for texts in got}) > 1
+        assert float((logits - expected_logits).abs().max()) < LOGIT_TOLERANCE * 10  # logits here reach ~30
+
+
+@pytest.mark.slow
+@pytest.mark.ci
+def test_readme_lowrank_command_runs_on_the_default_model(tmp_path):
+    from evolm.cli import main
+    from evolm.runs import RunDir
+
+    from pathlib import Path
+
+    shipped = Path(__file__).resolve().parents[1] / "configs" / "es-arithmetic.toml"
+    code = main(["es", "--config", str(shipped), "--set", "es.perturbation=lowrank",
+                 "--set", f"run.out_dir='{tmp_path}'", "--set", "run.name='lowrank'", "--set", "run.progress=false",
+                 "--set", "es.iterations=1", "--set", "es.population=2", "--set", "es.prompts_per_iteration=4",
+                 "--set", "eval.before_after=false", "--set", "probe.every=0"])
+    assert code == 0
+    run = RunDir.open(tmp_path / "lowrank")
+    assert run.info()["status"] == "finished"
+    header, update = run.seed_log()
+    assert header["perturbation"] == "lowrank" and header["rank"] == 4 and update["step"] == 1
+    assert (run.path / "final" / "model.safetensors").exists()
