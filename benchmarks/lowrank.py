@@ -94,7 +94,8 @@ def child(args) -> dict:
     from evolm.backends.base import SamplingParams
     from evolm.backends.hf import HFGenerator
     from evolm.backends.hf_members import HFMemberGenerator
-    from evolm.es.engine import LocalPopulation, build_paramset, training_batch
+    from evolm.es.engine import build_paramset, training_batch
+    from evolm.es.population import LocalPopulation
     from evolm.es.update import compute_update, member_layout
     from evolm.tasks import make_task
 

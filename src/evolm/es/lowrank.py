@@ -17,9 +17,12 @@ Design decisions:
 
 - Same key derivation as the full-rank noise: the factors of parameter p for (iteration, direction)
   are ONE draw of ``(out + in) * r`` values from the run's noise source (``table`` or ``stream``) at
-  the key ``(iteration, direction, p)``, split into A (first out*r values, row-major) and B. A
-  low-rank run is therefore as reproducible and replayable as a full-rank one; antithetic pairs share
-  the direction and so share A_d, B_d with opposite signs.
+  the key ``(iteration, direction, p)``, split into A (first out*r values, row-major) and B. The
+  source's parameter layout is the layout of these draws (``draw_layout``), so with the table one
+  member's factors for all parameters are one contiguous stretch of it and no value is used twice
+  (the member scheme of ``es/noise.py``; the default table is the draws plus 2^25 entries). A
+  low-rank run is therefore as reproducible and replayable as a full-rank one; antithetic pairs
+  share the direction and so share A_d, B_d with opposite signs.
 - ``LowRankNoise`` wraps the run's noise source. ``factors(...)`` gives (A, B); ``direction(...)`` —
   the call every full-rank consumer makes — gives the dense E_d, flattened. So ``LowRankParamSet``
   inherits ``ParamSet``'s in-place perturb / bit-exact restore unchanged: a member materialised as

@@ -18,7 +18,7 @@ import time
 from typing import Callable
 
 from evolm.backends.base import Generator, SamplingParams
-from evolm.es.engine import MemberScores, score_completions
+from evolm.es.population import MemberScores, score_completions
 from evolm.es.lowrank import LowRankParamSet
 from evolm.es.member_forward import MemberForward
 from evolm.es.update import Update
@@ -73,3 +73,6 @@ class LowRankPopulation:
         if update.applies:
             self.params.apply_update(iteration, update.coefficients, update.scale)
             self.generator.sync_weights()
+
+    def close(self) -> None:
+        """Release what the population holds (the hooks live only inside ``score``: nothing)."""
