@@ -354,6 +354,9 @@ def test_config_validation_of_lowrank_fields(override, message):
         config.from_dict(config.ESJob, {}, [override])
     cfg = config.from_dict(config.ESJob, {}, ["es.perturbation='lowrank'", "es.rank=1", "es.member_batch=4"])
     assert (cfg.es.perturbation, cfg.es.rank, cfg.es.member_batch) == ("lowrank", 1, 4)
+    cfg.generation.backend = "vllm"  # a backend without the model's modules in this process
+    with pytest.raises(ConfigError, match="set generation.backend='hf'"):
+        config.validate(cfg)
 
 
 # -- the real default model ----------------------------------------------------------------------------

@@ -267,6 +267,12 @@ class ESJob:
     eval: EvalConfig = field(default_factory=EvalConfig)
     probe: ProbeConfig = field(default_factory=ProbeConfig)
 
+    def validate_job(self) -> None:
+        if self.es.perturbation == "lowrank":
+            require(self.generation.backend == "hf",
+                    f"es.perturbation='lowrank' scores members in batched forward passes of the hf backend; "
+                    f"set generation.backend='hf' (got '{self.generation.backend}') or es.perturbation='full'")
+
 
 # --------------------------------------------------------------------------------------------------
 # loading, overrides, validation, writing
