@@ -211,6 +211,12 @@ class ESConfig:
     """If set, also require parameter names to match this regular expression."""
     eval_center_every: int = 0
     """Score the unperturbed centre on the iteration's prompts every this many updates (0: never)."""
+    perturbation: Literal["full", "lowrank"] = "full"
+    """full: each member adds sigma x dense Gaussian noise to every selected coordinate, and members are scored one after another. lowrank (EGGROLL): each selected weight matrix W (out x in; Linear weights, the embedding per looked-up row) gets sigma * A B^T / sqrt(rank) with Gaussian A (out x rank), B (in x rank); vectors (norms, biases) get full noise; all members are scored in one batched forward pass (hf backend). See docs/es.md."""
+    rank: int = 4
+    """Rank r of each member's matrix perturbation when perturbation = "lowrank" (an update has rank <= N x r)."""
+    member_batch: int = 0
+    """With perturbation = "lowrank": members per batched generate call (0: all N at once). Rows per call = members x prompts; lower it to bound memory (the KV cache grows with the rows)."""
 
     def validate(self, p: str) -> None:
         require(self.iterations >= 1, f"{p}.iterations must be >= 1 (got {self.iterations})")
@@ -223,6 +229,8 @@ class ESConfig:
         require(0 <= self.noise_table_size <= MAX_TABLE,
                 f"{p}.noise_table_size must be in [0, 2^33] (got {self.noise_table_size})")
         require(self.eval_center_every >= 0, f"{p}.eval_center_every must be >= 0 (got {self.eval_center_every})")
+        require(self.rank >= 1, f"{p}.rank must be >= 1 (got {self.rank})")
+        require(self.member_batch >= 0, f"{p}.member_batch must be >= 0 (got {self.member_batch}; 0 scores all members in one call)")
         bad = [c for c in self.params if c not in CATEGORIES + ("all",)]
         require(not bad and bool(self.params), f"{p}.params must be a non-empty list of {('all',) + CATEGORIES} (got {self.params})")
         if self.param_regex:
@@ -367,6 +375,13 @@ class ESJob:
         if d.workers >= 2 and self.model.device.startswith("cuda"):
             require(d.gpus > 0, "model.device is cuda but distributed.gpus is 0: set distributed.gpus (e.g. 1) "
                                 "so Ray gives every actor a GPU")
+        if self.es.perturbation == "lowrank":
+            require(self.generation.backend == "hf",
+                    f"es.perturbation='lowrank' scores members in batched forward passes of the hf backend; "
+                    f"set generation.backend='hf' (got '{self.generation.backend}') or es.perturbation='full'")
+            require(d.workers < 2,
+                    f"es.perturbation='lowrank' scores all members in this process's batched forward passes; "
+                    f"set distributed.workers=0 (got {d.workers}) or es.perturbation='full' for a Ray population")
 
 
 # --------------------------------------------------------------------------------------------------

@@ -73,6 +73,14 @@ class HFGenerator(Generator):
         with the padding masked out; position ids follow the attention mask, so every row sees the
         positions it would see unpadded.
         """
+        ids, mask, prefix = self._layout(prompts)
+        enc = {"input_ids": torch.tensor(ids, device=self.device), "attention_mask": torch.tensor(mask, device=self.device)}
+        if prefix:
+            enc["past_key_values"] = self._prefix_cache(prefix, copies=1, repeat=len(ids))
+        return enc
+
+    def _layout(self, prompts: list[str]) -> tuple[list[list[int]], list[list[int]], list[int]]:
+        """Padded token ids and attention mask per prompt, and the shared prefix ([] when none is used)."""
         rows = [self.tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
         prefix = 0
         if self.prefix_cache and len(rows) > 1:
@@ -84,19 +92,27 @@ class HFGenerator(Generator):
             width = max(len(r) for r in rows)
             ids = [[pad] * (width - len(r)) + r for r in rows]
             mask = [[0] * (width - len(r)) + [1] * len(r) for r in rows]
-            return {"input_ids": torch.tensor(ids, device=self.device), "attention_mask": torch.tensor(mask, device=self.device)}
+            return ids, mask, []
         width = max(len(r) for r in rows) - prefix
         ids = [r[:prefix] + [pad] * (width - len(r) + prefix) + r[prefix:] for r in rows]
         mask = [[1] * prefix + [0] * (width - len(r) + prefix) + [1] * (len(r) - prefix) for r in rows]
-        with torch.no_grad():
-            cache = self.model(torch.tensor([rows[0][:prefix]], device=self.device), use_cache=True).past_key_values
-        cache.batch_repeat_interleave(len(rows))
-        return {"input_ids": torch.tensor(ids, device=self.device), "attention_mask": torch.tensor(mask, device=self.device),
-                "past_key_values": cache}
+        return ids, mask, rows[0][:prefix]
+
+    @torch.no_grad()
+    def _prefix_cache(self, prefix: list[int], copies: int, repeat: int):
+        """KV cache of ``prefix`` run as ``copies`` identical rows, each row repeated ``repeat`` times."""
+        cache = self.model(torch.tensor([prefix] * copies, device=self.device), use_cache=True).past_key_values
+        cache.batch_repeat_interleave(repeat)
+        return cache
 
     @torch.no_grad()
     def _generate_batch(self, prompts: list[str], params: SamplingParams, seed: int) -> list[Completion]:
-        enc = self._encode(prompts)
+        return self._generate_encoded(self._encode(prompts), params, seed)
+
+    @torch.no_grad()
+    def _generate_encoded(self, enc: dict, params: SamplingParams, seed: int, sampler: LogitsProcessor | None = None) -> list[Completion]:
+        """Generate from encoded rows. ``sampler``, when given, picks every sampled token itself (after
+        temperature and top-p; it must leave one finite score per row) and decoding runs as greedy."""
         processors = LogitsProcessorList()
         recorder = None
         if params.return_entropy:
@@ -106,9 +122,12 @@ class HFGenerator(Generator):
             processors.append(TemperatureLogitsWarper(params.temperature))
             if params.top_p < 1.0:
                 processors.append(TopPLogitsWarper(params.top_p))
-        sampling = {} if params.greedy else {"temperature": 1.0, "top_p": 1.0, "top_k": 0}
+            if sampler is not None:
+                processors.append(sampler)
+        do_sample = not params.greedy and sampler is None
+        sampling = {"temperature": 1.0, "top_p": 1.0, "top_k": 0} if do_sample else {}
         config = GenerationConfig(
-            max_new_tokens=params.max_new_tokens, do_sample=not params.greedy, **sampling,
+            max_new_tokens=params.max_new_tokens, do_sample=do_sample, **sampling,
             pad_token_id=self.tokenizer.pad_token_id, eos_token_id=sorted(self.eos_ids),
         )
         devices = [self.device] if self.device.type == "cuda" else []

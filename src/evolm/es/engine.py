@@ -69,6 +69,10 @@ def build_paramset(model, cfg, header: dict | None = None, generator: Generator 
     ``generator``: a generator that holds its own weights (vLLM) wraps the ParamSet
     (``attach_paramset``), so that members are perturbed where generation happens."""
     es = cfg.es
+    if es.perturbation == "lowrank":
+        from evolm.es.lowrank import build_lowrank_paramset
+
+        return build_lowrank_paramset(model, cfg, header)
     params = ParamSet(model, None, categories=tuple(es.params), regex=es.param_regex)
     device = params.tensors[0].device
     if header is None:
@@ -86,7 +90,8 @@ def run_header(params: ParamSet, cfg, layout: list[tuple[int, int]]) -> dict:
     return {"kind": "header", "noise": params.noise.describe(), "estimator": es.estimator, "population": es.population,
             "sigma": es.sigma, "lr": es.lr, "divide_by_sigma": es.divide_by_sigma, "shaping": es.shaping, "layout": layout,
             "params": params.names, "param_indices": params.indices, "numel": params.numel,
-            "perturb": {"arithmetic": PERTURB_ARITHMETIC, "path": params.perturb_path}}
+            "perturb": {"arithmetic": PERTURB_ARITHMETIC, "path": params.perturb_path}, "perturbation": es.perturbation,
+            **({"rank": es.rank} if es.perturbation == "lowrank" else {})}
 
 
 def seed_log_header(records: list[dict]) -> dict | None:
@@ -98,6 +103,13 @@ def check_header(header: dict, params: ParamSet, cfg) -> None:
     than its seed log was written with; never a silent divergence."""
     noise = header.get("noise") or {}
     problems = []
+    perturbation = header.get("perturbation", "full")  # headers before es.perturbation existed are full-rank
+    if perturbation != cfg.es.perturbation:
+        problems.append(f"es.perturbation is '{cfg.es.perturbation}' but the run's perturbations were '{perturbation}'")
+    elif perturbation == "lowrank":
+        if int(header.get("rank", 0)) != cfg.es.rank:
+            problems.append(f"es.rank is {cfg.es.rank} but the run's perturbations had rank {header.get('rank')}")
+        noise = noise.get("base") or {}  # the low-rank factors are drawn from this source
     if noise.get("kind") != cfg.es.noise:
         problems.append(f"es.noise is '{cfg.es.noise}' but the run drew '{noise.get('kind')}' noise")
     if "seed" in noise and int(noise["seed"]) != derive_seed(cfg.run.seed, "noise"):
@@ -106,7 +118,7 @@ def check_header(header: dict, params: ParamSet, cfg) -> None:
         problems.append(f"es.noise_table_size is {cfg.es.noise_table_size} but the run's table had {noise.get('size')} entries")
     if header.get("params") is not None and list(header["params"]) != params.names:
         problems.append("es.params / es.param_regex select other parameters than the run perturbed")
-    elif noise.get("scheme") == "member" and int(noise.get("total", params.numel)) != params.numel:
+    elif noise.get("scheme") == "member" and int(noise.get("total", params.noise_numel)) != params.noise_numel:
         problems.append("the model's selected parameters differ in size from the run's")
     arithmetic = (header.get("perturb") or {}).get("arithmetic")
     if arithmetic is not None and arithmetic != PERTURB_ARITHMETIC:
@@ -190,8 +202,8 @@ def train(cfg, comps, run: RunDir, start, params: ParamSet, *, probe: Callable |
     if start.step == 0 and not run.seed_log():
         run.log_seed(run_header(params, cfg, layout))
     say(f"[evolm] ES on {cfg.model.spec}: {len(params.names)} tensors, {params.numel:,} parameters, "
-        f"N={es.population} ({es.estimator}), sigma={es.sigma}, lr={es.lr}, noise={es.noise}, perturb={path}; "
-        f"run dir {run.path}")
+        f"N={es.population} ({es.estimator}), sigma={es.sigma}, lr={es.lr}, noise={es.noise}, perturb={path}, "
+        f"perturbation={es.perturbation}{f' (rank {es.rank})' if es.perturbation == 'lowrank' else ''}; run dir {run.path}")
 
     sampling_base = dict(n=1, temperature=cfg.generation.temperature, top_p=cfg.generation.top_p,
                          max_new_tokens=cfg.generation.max_new_tokens)

@@ -124,6 +124,11 @@ class ParamSet:
         return max(t.numel() for t in self.tensors)
 
     @property
+    def noise_numel(self) -> int:
+        """Noise values one member draws (the selected parameters; fewer for low-rank factors)."""
+        return self.numel
+
+    @property
     def layout(self) -> list[tuple[int, int]]:
         """``(noise index, numel)`` of every selected tensor, in order: the flattened parameter vector."""
         return [(i, t.numel()) for i, t in zip(self.indices, self.tensors)]

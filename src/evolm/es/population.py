@@ -111,8 +111,14 @@ class LocalPopulation:
         """Release what the population holds (nothing for a local one)."""
 
 
-def make_population(cfg, params: ParamSet, generator: Generator, task: Task) -> LocalPopulation:
-    """The local population (this process, one member after another). ``distributed.workers >= 2``
-    asks for ``es.ray_population.RayPopulation``, which ``jobs.run_es`` hands to ``engine.train`` as
-    its population factory (it needs the run directory and the model's source)."""
+def make_population(cfg, params: ParamSet, generator: Generator, task: Task):
+    """The population an ES job's config asks for: local (this process, one member after another), or
+    low-rank (``es.perturbation = "lowrank"``: all members in batched forward passes,
+    ``es/lowrank_population.py``). ``distributed.workers >= 2`` asks for ``es.ray_population.RayPopulation``,
+    which ``jobs.run_es`` hands to ``engine.train`` as its population factory (it needs the run directory
+    and the model's source)."""
+    if cfg.es.perturbation == "lowrank":
+        from evolm.es.lowrank_population import LowRankPopulation
+
+        return LowRankPopulation(params, generator, task, cfg.es.member_batch)
     return LocalPopulation(params, generator, task)
