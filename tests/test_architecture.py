@@ -16,7 +16,7 @@ ROOT = Path(evolm.__file__).parent
 LAYERS = [
     ("bottom", {"__init__", "errors", "seeding", "categories", "metrics", "rewards", "reference_rewards", "sandbox",
                 "resources", "markdown", "console"}),
-    ("core", {"config", "models", "state", "runs", "tasks", "backends", "plots", "trackers"}),
+    ("core", {"config", "models", "embedded", "state", "runs", "tasks", "backends", "plots", "trackers"}),
     ("measure", {"evaluate", "heldout"}),
     ("engines", {"es", "grpo"}),
     ("jobs", {"jobs", "pipeline", "registry", "sweep"}),
