@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The reproduction study (docs/REPRODUCTION.md): one resumable driver per claim.
+#
+#   bash experiments/study/run.sh c1c2     # C1 + C2 (+ C4, C5, C6 analyses of the same runs): ES and GRPO side by side
+#   bash experiments/study/run.sh collect  # copy the committed files (configs, logs, seed logs, eval JSON, analyses) to docs/study/
+#   bash experiments/study/run.sh report   # regenerate docs/REPRODUCTION.md from docs/study/ (evolm report --study)
+#
+# Every stage skips what is already done and resumes what was stopped (evolm ... --resume), so the
+# script can be run again after a kill. Budgets: see experiments/study/README.md.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+PY=${PY:-.venv/bin/python}
+OUT=runs/study
+mkdir -p "$OUT"
+
+# run_or_resume KIND CONFIG NAME: start the run, or resume it if its directory exists (a finished run
+# with the same budget has nothing to do and changes no file).
+run_or_resume() {
+  local kind=$1 config=$2 name=$3
+  if [ -d "$OUT/$name" ]; then
+    "$PY" -m evolm "$kind" --config "$config" --resume "$OUT/$name" --set run.progress=false
+  else
+    "$PY" -m evolm "$kind" --config "$config" --set run.progress=false
+  fi
+}
+
+c1c2() {
+  # both methods at once, one thread each, on the same budget of update seconds
+  run_or_resume es experiments/study/c1c2-es.toml c1c2-es > "$OUT/c1c2-es.log" 2>&1 &
+  local es_pid=$!
+  run_or_resume grpo experiments/study/c1c2-grpo.toml c1c2-grpo > "$OUT/c1c2-grpo.log" 2>&1 &
+  local grpo_pid=$!
+  wait $es_pid; wait $grpo_pid
+  "$PY" experiments/study/matched.py "$OUT/c1c2-es" "$OUT/c1c2-grpo"   # ES at GRPO's rollouts, evaluated like the runs
+  "$PY" -m evolm analyze drift --runs "$OUT/c1c2-es" "$OUT/c1c2-grpo" --out "$OUT/c1c2-drift"
+  "$PY" -m evolm analyze localisation --runs "$OUT/c1c2-es" "$OUT/c1c2-grpo" --out "$OUT/c1c2-localisation"
+}
+
+case "${1:-}" in
+  c1c2) c1c2 ;;
+  collect) "$PY" experiments/study/collect.py "$OUT" docs/study ;;
+  report) "$PY" -m evolm report --study experiments/study/claims.toml --out docs ;;
+  *) echo "usage: $0 c1c2 | collect | report" >&2; exit 2 ;;
+esac
