@@ -528,3 +528,54 @@ def test_the_kernel_is_built_before_the_timed_loop_also_on_resume(tmp_path, toke
     records = run.train_records()
     assert [r["step"] for r in records] == [1, 2] and run.seed_log()[0]["perturb"]["path"] == "kernel"
     assert all(r["seconds_perturb"] < 3 for r in records), [r["seconds_perturb"] for r in records]
+
+
+@pytest.mark.parametrize("save, save_dtype", [("final", "bfloat16"), ("none", "float32")])
+def test_a_finished_run_without_float32_final_weights_is_not_extended(tmp_path, tokenizer, vowel_task, save, save_dtype):
+    """Extending needs the trained float32 weights: a bf16-cast final/ or no final/ at all would
+    restart from rounded or base weights and rewrite the past; refused in one line, no file changed."""
+    from evolm.backends.hf import HFGenerator
+    from evolm.errors import UserError
+    from evolm.jobs import run_es
+
+    cfg = config.ESJob()
+    cfg.run.out_dir, cfg.run.name, cfg.run.progress, cfg.run.checkpoint_every = str(tmp_path), "run", False, 0
+    cfg.run.save, cfg.run.save_dtype = save, save_dtype
+    cfg.eval.before_after = False
+    cfg.generation.max_new_tokens = 6
+    cfg.es.population, cfg.es.prompts_per_iteration, cfg.es.iterations, cfg.es.sigma, cfg.es.lr = 4, 2, 1, 0.05, 0.01
+    model = make_tiny_model(tokenizer)
+    run = run_es(cfg, model=model, tokenizer=tokenizer, task=vowel_task, generator=HFGenerator(model, tokenizer, 16),
+                 quiet=True)
+    before = {p.name: p.read_bytes() for p in run.path.iterdir() if p.is_file()}
+    longer = config.load(config.ESJob, run.config_path, ["es.iterations=2"])
+    fresh = make_tiny_model(tokenizer)
+    with pytest.raises(UserError, match=r"without float32 final weights .*evolm replay") as e:
+        run_es(longer, resume=run, model=fresh, tokenizer=tokenizer, task=vowel_task,
+               generator=HFGenerator(fresh, tokenizer, 16), quiet=True)
+    assert "\n" not in str(e.value)
+    assert {p.name: p.read_bytes() for p in run.path.iterdir() if p.is_file()} == before
+
+
+def test_a_run_whose_matched_budget_is_spent_has_nothing_to_resume(tmp_path, tokenizer, vowel_task):
+    """run.match = sequences: the run stops when the budget is spent, before the update cap; a plain
+    resume then has nothing to do (it must not train one more update)."""
+    from evolm.backends.hf import HFGenerator
+    from evolm.jobs import run_es
+
+    cfg = config.ESJob()
+    cfg.run.out_dir, cfg.run.name, cfg.run.progress, cfg.run.checkpoint_every = str(tmp_path), "run", False, 0
+    cfg.run.match, cfg.run.budget = "sequences", 8  # 4 members x 2 prompts = 8 sequences: one update
+    cfg.eval.before_after = False
+    cfg.generation.max_new_tokens = 6
+    cfg.es.population, cfg.es.prompts_per_iteration, cfg.es.iterations, cfg.es.sigma, cfg.es.lr = 4, 2, 5, 0.05, 0.01
+    model = make_tiny_model(tokenizer)
+    run = run_es(cfg, model=model, tokenizer=tokenizer, task=vowel_task, generator=HFGenerator(model, tokenizer, 16),
+                 quiet=True)
+    assert [r["step"] for r in run.train_records()] == [1]
+    before = {p.name: p.read_bytes() for p in run.path.iterdir() if p.is_file()}
+    fresh = make_tiny_model(tokenizer)
+    run_es(config.load(config.ESJob, run.config_path), resume=run, model=fresh, tokenizer=tokenizer, task=vowel_task,
+           generator=HFGenerator(fresh, tokenizer, 16), quiet=True)
+    assert [r["step"] for r in run.train_records()] == [1]
+    assert {p.name: p.read_bytes() for p in run.path.iterdir() if p.is_file()} == before

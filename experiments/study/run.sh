@@ -2,6 +2,8 @@
 # The reproduction study (docs/REPRODUCTION.md): one resumable driver per claim.
 #
 #   bash experiments/study/run.sh c1c2     # C1 + C2 (+ C4, C5, C6 analyses of the same runs): ES and GRPO side by side
+#   bash experiments/study/run.sh q1       # Q1: ES on normalisation + attention parameters only (c1c2-es otherwise)
+#   bash experiments/study/run.sh c8       # C8: antithetic ES (c1c2-es otherwise)
 #   bash experiments/study/run.sh collect  # copy the committed files (configs, logs, seed logs, eval JSON, analyses) to docs/study/
 #   bash experiments/study/run.sh report   # regenerate docs/REPRODUCTION.md from docs/study/ (evolm report --study)
 #
@@ -31,14 +33,21 @@ c1c2() {
   run_or_resume grpo experiments/study/c1c2-grpo.toml c1c2-grpo > "$OUT/c1c2-grpo.log" 2>&1 &
   local grpo_pid=$!
   wait $es_pid; wait $grpo_pid
-  "$PY" experiments/study/matched.py "$OUT/c1c2-es" "$OUT/c1c2-grpo"   # ES at GRPO's rollouts, evaluated like the runs
-  "$PY" -m evolm analyze drift --runs "$OUT/c1c2-es" "$OUT/c1c2-grpo" --out "$OUT/c1c2-drift"
-  "$PY" -m evolm analyze localisation --runs "$OUT/c1c2-es" "$OUT/c1c2-grpo" --out "$OUT/c1c2-localisation"
+  "$PY" experiments/study/matched.py "$OUT/c1c2-es" "$OUT/c1c2-grpo" --out "$OUT/matched"   # ES at GRPO's rollouts, evaluated like the runs
+  local a="$OUT/analyses/c1c2"
+  [ -f "$a/drift.json" ] || "$PY" -m evolm analyze drift --trained es="$OUT/c1c2-es" --trained grpo="$OUT/c1c2-grpo" --out "$a"
+  [ -f "$a/localisation.json" ] || "$PY" -m evolm analyze localisation --trained es="$OUT/c1c2-es" --trained grpo="$OUT/c1c2-grpo" --out "$a"
+}
+
+single() {  # single NAME: one ES run of experiments/study/NAME.toml
+  run_or_resume es "experiments/study/$1.toml" "$1" > "$OUT/$1.log" 2>&1
 }
 
 case "${1:-}" in
   c1c2) c1c2 ;;
+  q1) single q1-es-norm-attention ;;
+  c8) single c8-es-antithetic ;;
   collect) "$PY" experiments/study/collect.py "$OUT" docs/study ;;
   report) "$PY" -m evolm report --study experiments/study/claims.toml --out docs ;;
-  *) echo "usage: $0 c1c2 | collect | report" >&2; exit 2 ;;
+  *) echo "usage: $0 c1c2 | q1 | c8 | collect | report" >&2; exit 2 ;;
 esac
