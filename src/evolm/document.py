@@ -106,7 +106,8 @@ def integer_x(ax) -> None:
 # -- rendering -----------------------------------------------------------------------------------------
 
 
-def render_markdown(title: str, sections: list[Section], files: list[str], note: str) -> str:
+def render_markdown(title: str, sections: list[Section], files: list[str], note: str, figures: str = "figures") -> str:
+    """The Markdown page; images are linked as ``<figures>/<name>.png``, relative to the page."""
     lines = [f"# {title}", "", note, ""]
     for sec in sections:
         lines += [f"## {sec.title}", ""]
@@ -117,7 +118,7 @@ def render_markdown(title: str, sections: list[Section], files: list[str], note:
                 lines += [f"> **Warning:** {b.text}", ""]
             elif isinstance(b, Figure):
                 alt = b.title.replace("[", "(").replace("]", ")")
-                lines += [f"![{alt}](figures/{b.name}.png)", ""]
+                lines += [f"![{alt}]({figures}/{b.name}.png)", ""]
                 if b.caption:
                     lines += [f"*{b.caption}*", ""]
             elif isinstance(b, Table):

@@ -19,7 +19,7 @@ Where things are:
   ``sweeps``: a section per sweep with its ablations (``evolm.analysis.ablations``);
   ``checks``: the warnings above a section whose numbers are all zero or measured on too few problems.
 - Each analysis draws its own section, next to its computation: ``report_section(entries, canvas)``
-  in ``evolm.analysis.<kind>`` for every kind in ``read.ANALYSIS_KINDS`` (``ANALYSIS_SECTIONS``).
+  in ``evolm.analysis.<kind>`` for every kind in ``read.ANALYSIS_KINDS`` (``sections.ANALYSIS_SECTIONS``).
 
 Design decisions:
 
@@ -37,36 +37,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from evolm.analysis import compression, diversity, drift, localisation, sparsity, update_variance
 from evolm.errors import UserError
-from evolm.document import Alert, Canvas, Figure, Section, Table, render_html, render_markdown
-from evolm.report.checks import analysis_warnings
-from evolm.report.read import ANALYSIS_KINDS, Reader, Sources, gather
-from evolm.report.sections import budget_section, cost_section, passk_section, probe_section, reward_section, runs_section
+from evolm.document import Canvas, Figure, Table, render_html, render_markdown
+from evolm.report.read import Reader, gather
+from evolm.report.sections import ANALYSIS_SECTIONS, analysis_sections, budget_section, cost_section, passk_section, probe_section, reward_section, runs_section
 from evolm.runs import MATCH_FIELDS
 from evolm.report.sweeps import sweep_sections
 from evolm.runs import atomic_write_json, atomic_write_text
 
-ANALYSIS_SECTIONS = {"drift": drift, "sparsity": sparsity, "localisation": localisation, "compression": compression,
-                     "diversity": diversity, "update_variance": update_variance}
-"""The module whose ``report_section(entries, canvas)`` draws each analysis kind's section."""
-
 __all__ = ["ANALYSIS_SECTIONS", "ReportResult", "build_report"]
-
-
-def analysis_sections(src: Sources, canvas: Canvas) -> list[Section]:
-    """One section per analysis kind read, in ``ANALYSIS_KINDS`` order, each drawn by its analysis module,
-    opening with a visible warning when a result is all zero or measured on too few problems."""
-    sections = []
-    for kind in ANALYSIS_KINDS:
-        if not src.analyses.get(kind):
-            continue
-        sec = ANALYSIS_SECTIONS[kind].report_section(src.analyses[kind], canvas)
-        alerts = [Alert(f"{label}: {w}" if len(src.analyses[kind]) > 1 and label not in w else w)
-                  for label, _, result in src.analyses[kind] for w in analysis_warnings(kind, result)]
-        sec.blocks[1:1] = alerts
-        sections.append(sec)
-    return sections
 
 
 @dataclass

@@ -21,16 +21,19 @@ Design decisions:
   budget was matched and what the other ones came to.
 - A section whose numbers cannot carry a claim opens with a visible warning (``report.checks``): every
   pass@k 0, or fewer than 20 problems.
+- Each analysis kind's section is drawn by its own module (``ANALYSIS_SECTIONS``); ``analysis_sections``
+  puts them in ``read.ANALYSIS_KINDS`` order with their warnings, for ``evolm report`` and the study page.
 """
 
 from __future__ import annotations
 
 import re
 
+from evolm.analysis import compression, diversity, drift, localisation, sparsity, update_variance
 from evolm.document import BASE_COLOR, Alert, Canvas, Section, Table, integer_x
 from evolm.metrics import pass_at_k_curve
-from evolm.report.checks import passk_warnings
-from evolm.report.read import Run, Sources
+from evolm.report.checks import analysis_warnings, passk_warnings
+from evolm.report.read import ANALYSIS_KINDS, Run, Sources
 from evolm.runs import MATCH_FIELDS, spent
 
 AXIS_LABELS = {"updates": "update", "sequences": "sequences generated", "tokens": "tokens generated",
@@ -318,3 +321,23 @@ def budget_section(src: Sources, match: str = "updates") -> Section | None:
     return Section("Budget: what each run spent", [text, Table(
         ["run", "method", "configured budget", f"matched: {match}", "updates", "sequences", "tokens", "seconds",
          "completion limit (tokens)"], rows)])
+
+
+ANALYSIS_SECTIONS = {"drift": drift, "sparsity": sparsity, "localisation": localisation, "compression": compression,
+                     "diversity": diversity, "update_variance": update_variance}
+"""The module whose ``report_section(entries, canvas)`` draws each analysis kind's section."""
+
+
+def analysis_sections(src: Sources, canvas: Canvas) -> list[Section]:
+    """One section per analysis kind read, in ``ANALYSIS_KINDS`` order, each drawn by its analysis module,
+    opening with a visible warning when a result is all zero or measured on too few problems."""
+    sections = []
+    for kind in ANALYSIS_KINDS:
+        if not src.analyses.get(kind):
+            continue
+        sec = ANALYSIS_SECTIONS[kind].report_section(src.analyses[kind], canvas)
+        alerts = [Alert(f"{label}: {w}" if len(src.analyses[kind]) > 1 and label not in w else w)
+                  for label, _, result in src.analyses[kind] for w in analysis_warnings(kind, result)]
+        sec.blocks[1:1] = alerts
+        sections.append(sec)
+    return sections
