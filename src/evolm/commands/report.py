@@ -5,6 +5,8 @@ Design decisions:
 - ``--label NAME=PATH`` is parsed here into ``{path: name}``; a malformed one is a one-line error.
 - ``--reference`` is a TOML literal like a ``--set`` value (``30``, ``0.001``, ``'one_point'``), so it
   matches a grid value of any type.
+- ``--study CLAIMS`` builds the reproduction study's page instead (``evolm.report.build_study``); it takes no
+  PATH (the claims file names its inputs) and ``--out`` defaults to ``docs`` for it.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import argparse
 
 from evolm import config
 from evolm.errors import UserError
-from evolm.report import build_report
+from evolm.report import build_report, build_study
 
 
 def parse_labels(items: list[str]) -> dict[str, str]:
@@ -28,6 +30,19 @@ def parse_labels(items: list[str]) -> dict[str, str]:
 
 
 def _cmd_report(args) -> int:
+    if args.study:
+        if args.paths or args.label:
+            raise UserError("--study takes no PATH or --label: the claims file names the files it reads "
+                            f"(got {' '.join(args.paths + args.label)}); drop them or drop --study")
+        study = build_study(args.study, args.out or "docs")
+        verdicts = [o.verdict for o in study.outcomes]
+        counts = ", ".join(f"{verdicts.count(v)} {v}" for v in dict.fromkeys(verdicts))
+        print(f"wrote {study.markdown} ({len(study.outcomes)} claims: {counts}; {len(study.figures)} figures in "
+              f"{study.markdown.parent / 'study' / 'figures'}) and {study.json}")
+        return 0
+    if not args.paths and not args.label:
+        raise UserError("evolm report needs at least one run, sweep, eval or analysis directory (or --study CLAIMS)")
+    args.out = args.out or "report"
     reference = None if args.reference is None else config.parse_value(args.reference)
     result = build_report(args.paths, args.out, labels=parse_labels(args.label), title=args.title, window=args.window,
                           band=args.band, band_mode=args.band_mode, reference=reference, match=args.match)
@@ -45,13 +60,20 @@ def register(subparsers) -> None:
                     "and pass@k trajectories, training reward curves (against updates, sequences, tokens or seconds: --match), a cost "
                     "table, what each run spent (budget), the analyses, and for sweeps the "
                     "population-scaling, sigma, estimator and shaping ablations, each with a table of its numbers. "
-                    "Writes <out>/report.md, <out>/report.html (figures embedded), <out>/report.json and <out>/figures/.",
-        epilog="example: evolm report runs/es runs/grpo runs/es/analysis --label ES=runs/es --out report",
+                    "Writes <out>/report.md, <out>/report.html (figures embedded), <out>/report.json and <out>/figures/. "
+                    "With --study CLAIMS it writes the reproduction study's page instead: <out>/REPRODUCTION.md (one row "
+                    "per claim: command, what the paper reports, what was measured here with its 95% interval, verdict), "
+                    "figures under <out>/study/figures/ and <out>/study/reproduction.json, from the committed files the "
+                    "claims file names.",
+        epilog="examples:\n  evolm report runs/es runs/grpo runs/es/analysis --label ES=runs/es --out report\n"
+               "  evolm report --study experiments/study/claims.toml --out docs   # docs/REPRODUCTION.md",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("paths", nargs="*", metavar="PATH", help="run, sweep, eval or analysis directories")
     p.add_argument("--label", action="append", default=[], metavar="NAME=PATH",
                    help="name an input in plots and tables (repeatable; adds PATH when not given positionally)")
-    p.add_argument("--out", "-o", default="report", metavar="DIR", help="output directory (default: report)")
+    p.add_argument("--out", "-o", default=None, metavar="DIR", help="output directory (default: report; docs with --study)")
+    p.add_argument("--study", metavar="CLAIMS", help="build the reproduction study's page from a claims file (e.g. "
+                                                     "experiments/study/claims.toml) instead of a report of PATHs")
     p.add_argument("--title", default="evolm report", help="report title (default: evolm report)")
     p.add_argument("--match", default="updates", choices=["updates", "sequences", "tokens", "seconds"],
                    help="the quantity runs are compared on: x-axis of the training-reward and probe curves, and the "

@@ -20,6 +20,9 @@ Where things are:
   ``checks``: the warnings above a section whose numbers are all zero or measured on too few problems.
 - Each analysis draws its own section, next to its computation: ``report_section(entries, canvas)``
   in ``evolm.analysis.<kind>`` for every kind in ``read.ANALYSIS_KINDS`` (``sections.ANALYSIS_SECTIONS``).
+- ``evolm report --study CLAIMS``: the reproduction study's page (``docs/REPRODUCTION.md``), one row per
+  claim of the paper with its measured value, interval and verdict: ``study`` (the claims file and the
+  statistics: paired bootstrap over problems, verdicts) and ``reproduction`` (the page, ``build_study``).
 
 Design decisions:
 
@@ -40,12 +43,13 @@ from pathlib import Path
 from evolm.errors import UserError
 from evolm.document import Canvas, Figure, Table, render_html, render_markdown
 from evolm.report.read import Reader, gather
+from evolm.report.reproduction import build_study
 from evolm.report.sections import ANALYSIS_SECTIONS, analysis_sections, budget_section, cost_section, passk_section, probe_section, reward_section, runs_section
 from evolm.runs import MATCH_FIELDS
 from evolm.report.sweeps import sweep_sections
 from evolm.runs import atomic_write_json, atomic_write_text
 
-__all__ = ["ANALYSIS_SECTIONS", "ReportResult", "build_report"]
+__all__ = ["ANALYSIS_SECTIONS", "ReportResult", "build_report", "build_study"]
 
 
 @dataclass

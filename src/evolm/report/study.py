@@ -1,0 +1,583 @@
+"""The reproduction study's claims file and the statistics behind each verdict (``evolm report --study``).
+
+``experiments/study/claims.toml`` holds one ``[[claim]]`` per claim of "Understanding Evolution
+Strategies for LLM Reasoning" (arXiv 2608.27351) and per open question, each with the command that
+tests it and ``[[claim.test]]`` entries naming the committed files that decide it (``Claim``,
+``ClaimTest``). This module loads and checks that file and turns every test into a number with an
+interval and a verdict; ``report.reproduction`` lays them out as ``docs/REPRODUCTION.md``.
+
+Three kinds of test:
+
+- ``change``: a run's ``eval_after.json`` against its ``eval_before.json`` on one metric.
+- ``compare``: two evaluation files (``a``, ``b``) measured on the same problems, e.g. GRPO's
+  ``eval_after.json`` against ES evaluated at GRPO's rollout budget.
+- ``value``: one number or enrichment record in an analysis JSON (``drift.json``,
+  ``localisation.json``, ``sparsity.json``), optionally divided by a second number (``over``),
+  against a threshold.
+
+Statistics (pure functions over what was read):
+
+- Per problem: unbiased pass@k from the problem's ``n`` and ``c`` (``metrics.pass_at_k_problem``);
+  entropy = the mean of its samples' ``entropy`` (each sample weighs the same, unlike the summary's
+  token-weighted entropy); greedy = ``greedy_correct`` as 0 or 1.
+- Paired bootstrap over problems (``bootstrap_interval``): the two files must hold the same problem
+  ids (else a one-line error naming both files); the per-problem differences b − a (change: after −
+  before) are resampled with replacement ``BOOTSTRAP_RESAMPLES`` = 2000 times with the fixed seed
+  ``BOOTSTRAP_SEED``, and the 95% percentile interval of the resampled mean is reported with the
+  observed mean difference. Problems missing the metric on either side (no entropy recorded) are left out.
+- Verdicts (``interval_verdict``): "reproduced" when the interval excludes 0 in the expected
+  direction, "contradicted" when it excludes 0 in the opposite one, "inconclusive at this scale"
+  otherwise. ``not_down`` and ``equal`` are non-inferiority and equivalence tests with a margin of
+  one problem's share, m = 1 / problems (in the metric's own units): ``not_down`` is reproduced when
+  the interval's lower end is above −m (checked first) and contradicted when its upper end is below
+  0; ``equal`` is reproduced when the interval lies inside (−m, m) and contradicted when it excludes 0.
+- Value tests (``value_verdict``) report an analysis's own uncertainty, never a bare count: a
+  top-k count enrichment (``localisation.json``) with its exact 95% interval (reproduced when the
+  interval clears the threshold, contradicted when it lies on the other side); a share-of-‖Δ‖²
+  enrichment (``drift.json``) with the permutation null's 95% interval (reproduced when the observed
+  enrichment is past the threshold and outside the null interval on that side, contradicted when both
+  hold on the other side). A plain number (a relative distance, a ratio of two, a fraction of
+  coordinates) is a deterministic measurement of one run's weights: it is compared with the threshold
+  directly and shown as "exact (one run)".
+- "not run" when the claim or test sets ``not_run`` or an input file is missing. A claim is
+  reproduced when every test is, contradicted when any test is, "not run" when no test ran, and
+  inconclusive at this scale otherwise.
+
+Design decisions:
+
+- The claims file is a typed dataclass loaded like every evolm config (``config.from_dict``: unknown
+  fields with a did-you-mean, types checked), then checked per kind (``check_claims``); every
+  problem is one ``ConfigError`` line naming the file, the claim and the fix.
+- Files are read through a callable the caller passes (the report's ``Reader``, which lists every
+  file read at the end of the page); nothing here writes.
+- Paths in tests are relative to the study's data directory (``study.data``, default
+  ``docs/study``): the committed copies of run directories (no weights) and analysis outputs.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from evolm import config
+from evolm.errors import ConfigError, UserError
+from evolm.metrics import pass_at_k_problem
+
+BOOTSTRAP_RESAMPLES = 2000
+"""Paired bootstrap resamples per interval."""
+BOOTSTRAP_SEED = 0
+"""The bootstrap's fixed seed: the page regenerates with the same intervals."""
+LEVEL = 0.95
+"""The intervals' coverage."""
+
+REPRODUCED, CONTRADICTED, INCONCLUSIVE, NOT_RUN = "reproduced", "contradicted", "inconclusive at this scale", "not run"
+VERDICTS = (REPRODUCED, CONTRADICTED, INCONCLUSIVE, NOT_RUN)
+"""Every verdict a test or a claim can get."""
+
+EXPECTS = {"change": ("up", "down", "not_down"), "compare": ("a_greater", "b_greater", "equal"), "value": (">", "<")}
+"""The ``expect`` values each kind of test takes."""
+REQUIRED = {"change": ("run", "metric", "expect"), "compare": ("a", "b", "metric", "expect"),
+            "value": ("file", "path", "expect", "threshold")}
+"""The fields each kind of test needs."""
+OPTIONAL = {"change": ("task", "not_run"), "compare": ("task", "not_run"), "value": ("over", "not_run")}
+"""The fields each kind of test may set besides ``kind`` and its required ones."""
+EXAMPLES = {"run": 'run = "c1c2-es"', "metric": 'metric = "pass@1"', "a": 'a = "c1c2-grpo/eval_after.json"',
+            "b": 'b = "matched/es-at-grpo-sequences/eval.json"', "file": 'file = "analyses/c1c2/drift.json"',
+            "path": 'path = "models.es.relative_distance"', "threshold": "threshold = 1.0"}
+
+
+# -- the claims file ---------------------------------------------------------------------------------
+
+
+@dataclass
+class ValueRef:
+    """A number in a JSON file under the data directory (a value test's ``over``)."""
+
+    file: str = ""
+    """The JSON file, relative to the data directory (e.g. ``analyses/c1c2/drift.json``)."""
+    path: str = ""
+    """Dotted key into it (e.g. ``models.grpo.relative_distance``; list items by index)."""
+
+
+@dataclass
+class ClaimTest:
+    """One measurement that bears on a claim: ``[[claim.test]]``."""
+
+    kind: str = ""
+    """Required: ``change`` (a run's eval_after.json against its eval_before.json), ``compare`` (two evaluation files on
+    the same problems) or ``value`` (a number or enrichment record in an analysis JSON against a threshold)."""
+    run: str = ""
+    """change: the run directory under the data directory (e.g. ``c1c2-es``)."""
+    metric: str = ""
+    """change, compare: ``pass@K`` (unbiased, from each problem's n and c), ``entropy`` (mean of a problem's
+    samples' token entropy, nats) or ``greedy`` (greedy answer correct)."""
+    expect: str = ""
+    """change: ``up``, ``down`` or ``not_down`` (after − before); compare: ``a_greater``, ``b_greater`` or
+    ``equal`` (b − a); value: ``>`` or ``<`` the threshold."""
+    a: str = ""
+    """compare: the first evaluation file, relative to the data directory (``eval.json`` of ``evolm eval`` or a
+    run's ``eval_before.json`` / ``eval_after.json``)."""
+    b: str = ""
+    """compare: the second evaluation file; the difference reported is b − a."""
+    file: str = ""
+    """value: the JSON file, relative to the data directory (e.g. ``analyses/c1c2/localisation.json``)."""
+    path: str = ""
+    """value: dotted key into ``file`` (e.g. ``models.es.relative_distance`` or
+    ``models.es.100.enrichment.by_category.norm``; list items by index). Keys that hold dots are matched whole."""
+    over: ValueRef | None = None
+    """value: a second number (``{file = ..., path = ...}``); the test reports value / over (a ratio)."""
+    threshold: float | None = None
+    """value: what the value (or ratio, or enrichment) is compared with."""
+    task: str = ""
+    """change, compare: the task to read from an ``eval.json`` holding several (default: its only task)."""
+    not_run: str = ""
+    """Why this test was not run (empty: it is run when its files exist)."""
+
+
+@dataclass
+class Claim:
+    """One claim of the paper or one open question: ``[[claim]]``."""
+
+    id: str = ""
+    """Short identifier (``C1`` .. ``C9``, ``Q1``, ``Q2``)."""
+    claim: str = ""
+    """The claim, one line."""
+    paper: str = ""
+    """What the paper reports for it, one line."""
+    command: str = ""
+    """The one command that tests it here (e.g. ``bash experiments/study/run.sh c1c2``)."""
+    decide: str = ""
+    """What scale (models, updates, problems) would decide it."""
+    cost: str = ""
+    """Estimated CPU time of the command on this machine."""
+    not_run: str = ""
+    """Why it was not run this session (empty when run)."""
+    test: list[ClaimTest] = field(default_factory=list)
+    """The measurements that decide it (``[[claim.test]]``)."""
+
+
+@dataclass
+class StudySettings:
+    """The study's page: ``[study]``."""
+
+    title: str = "Reproduction study"
+    """The page's title."""
+    data: str = "docs/study"
+    """The directory the tests' paths are relative to: committed copies of run directories (config.toml, run.json,
+    metrics.jsonl, seed_log.jsonl, eval_before/after.json; no weights) and analysis outputs. Relative to the
+    current directory."""
+    intro: str = ""
+    """The opening paragraph: what was run, on what machine, and what two small scales cannot test."""
+
+
+@dataclass
+class ClaimsFile:
+    """``experiments/study/claims.toml``."""
+
+    study: StudySettings = field(default_factory=StudySettings)
+    """The page's settings."""
+    claim: list[Claim] = field(default_factory=list)
+    """The claims and open questions, in table order."""
+
+
+def parse_metric(metric: str) -> tuple[str, int | None]:
+    """``"pass@16"`` -> ``("pass", 16)``; ``"entropy"`` / ``"greedy"`` -> ``(metric, None)``; ValueError otherwise."""
+    m = re.fullmatch(r"pass@(\d+)", metric)
+    if m and int(m.group(1)) >= 1:
+        return "pass", int(m.group(1))
+    if metric in ("entropy", "greedy"):
+        return metric, None
+    raise ValueError(f"unknown metric '{metric}'")
+
+
+def check_claims(claims: ClaimsFile, where: str) -> None:
+    """Per-kind checks ``config.from_dict`` cannot make: unique ids, the fields each kind needs and takes."""
+    seen: set[str] = set()
+    for i, c in enumerate(claims.claim):
+        name = f"{where}: claim {c.id or i + 1}"
+        if not c.id.strip() or not c.claim.strip():
+            raise ConfigError(f"{name} needs an id and a one-line claim (id = \"C1\", claim = \"...\")")
+        if c.id in seen:
+            raise ConfigError(f"{name}: the id {c.id} is used twice; give each [[claim]] its own id")
+        seen.add(c.id)
+        for j, t in enumerate(c.test):
+            what = f"{name} test {j + 1} (kind {t.kind})"
+            if t.kind not in EXPECTS:
+                raise ConfigError(f"{name} test {j + 1}: kind must be one of {', '.join(EXPECTS)} (got '{t.kind}')")
+            for f in REQUIRED[t.kind]:
+                if getattr(t, f) in ("", None):
+                    raise ConfigError(f"{what} needs {f} (e.g. {EXAMPLES[f]})")
+            extra = [f for f in ("run", "metric", "a", "b", "file", "path", "over", "threshold", "task")
+                     if f not in REQUIRED[t.kind] + OPTIONAL[t.kind] and getattr(t, f) not in ("", None)]
+            if extra:
+                raise ConfigError(f"{what} does not take {', '.join(extra)}; a {t.kind} test takes "
+                                  f"{', '.join(REQUIRED[t.kind] + OPTIONAL[t.kind])}")
+            if t.expect not in EXPECTS[t.kind]:
+                raise ConfigError(f"{what}: expect must be one of {', '.join(EXPECTS[t.kind])} (got '{t.expect}')")
+            if t.metric:
+                try:
+                    parse_metric(t.metric)
+                except ValueError:
+                    raise ConfigError(f"{what}: metric must be pass@K (K >= 1), entropy or greedy (got '{t.metric}')") from None
+            if t.over is not None and not (t.over.file and t.over.path):
+                raise ConfigError(f"{what}: over needs file and path (over = {{ file = \"analyses/c1c2/drift.json\", "
+                                  "path = \"models.grpo.relative_distance\" }})")
+
+
+def load_claims(path: str | Path) -> ClaimsFile:
+    """Load and check a claims file; every problem is a one-line ``ConfigError`` naming the file and the fix."""
+    try:
+        claims = config.from_dict(ClaimsFile, config.read_toml(path))
+    except ConfigError as e:
+        raise ConfigError(str(e) if str(path) in str(e) else f"{path}: {e}") from None
+    check_claims(claims, str(path))
+    return claims
+
+
+# -- statistics (pure) -------------------------------------------------------------------------------
+
+
+def problem_values(report: dict, metric: str) -> dict[str, float | None]:
+    """``{problem id: value}`` of ``metric`` for every problem of one task's evaluation (``report["problems"]``):
+    pass@k from n and c, the mean of the samples' entropies (None when none was recorded), greedy as 0/1."""
+    name, k = parse_metric(metric)
+    out: dict[str, float | None] = {}
+    for p in report.get("problems") or []:
+        if name == "pass":
+            value = pass_at_k_problem(int(p["n"]), int(p["c"]), k)
+        elif name == "entropy":
+            hs = [float(h) for h in p.get("entropy") or [] if h is not None]
+            value = sum(hs) / len(hs) if hs else None
+        else:
+            g = p.get("greedy_correct")
+            value = None if g is None else float(bool(g))
+        out[str(p["id"])] = value
+    return out
+
+
+def bootstrap_interval(diffs: Sequence[float], resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED,
+                       level: float = LEVEL) -> tuple[float, float, float]:
+    """``(mean, lo, hi)``: the mean of the per-problem differences and the percentile interval of the mean over
+    ``resamples`` resamples of the problems with replacement (paired: one difference per problem)."""
+    d = np.asarray(diffs, dtype=np.float64)
+    if d.size == 0:
+        raise ValueError("a bootstrap needs at least one problem")
+    idx = np.random.default_rng(seed).integers(0, d.size, size=(resamples, d.size))
+    means = d[idx].mean(axis=1)
+    lo, hi = np.percentile(means, [100 * (1 - level) / 2, 100 * (1 + level) / 2])
+    return float(d.mean()), float(lo), float(hi)
+
+
+def bootstrap_curve(values: np.ndarray, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED,
+                    level: float = LEVEL) -> tuple[list[float], list[float], list[float]]:
+    """Mean and percentile band of each column of ``values`` (problems × points, e.g. pass@k for k = 1..n),
+    resampling the problems (rows) with replacement, the same resamples for every column."""
+    v = np.asarray(values, dtype=np.float64)
+    idx = np.random.default_rng(seed).integers(0, v.shape[0], size=(resamples, v.shape[0]))
+    means = v[idx].mean(axis=1)
+    lo, hi = np.percentile(means, [100 * (1 - level) / 2, 100 * (1 + level) / 2], axis=0)
+    return v.mean(axis=0).tolist(), lo.tolist(), hi.tolist()
+
+
+def interval_verdict(expect: str, lo: float, hi: float, problems: int) -> str:
+    """The verdict of a difference with interval ``[lo, hi]`` (change: after − before; compare: b − a) measured on
+    ``problems`` problems (module docstring)."""
+    margin = 1.0 / problems
+    if expect in ("up", "b_greater"):
+        return REPRODUCED if lo > 0 else CONTRADICTED if hi < 0 else INCONCLUSIVE
+    if expect in ("down", "a_greater"):
+        return REPRODUCED if hi < 0 else CONTRADICTED if lo > 0 else INCONCLUSIVE
+    if expect == "not_down":
+        return REPRODUCED if lo > -margin else CONTRADICTED if hi < 0 else INCONCLUSIVE
+    if expect == "equal":
+        return REPRODUCED if -margin < lo and hi < margin else CONTRADICTED if lo > 0 or hi < 0 else INCONCLUSIVE
+    raise ValueError(f"unknown expect '{expect}'")
+
+
+def value_verdict(expect: str, value: float, threshold: float, interval: Sequence[float] | None = None,
+                  null: Sequence[float] | None = None) -> str:
+    """The verdict of ``value`` against ``threshold`` (``expect`` ``>`` or ``<``): with the value's own
+    ``interval`` (the interval must clear the threshold), with a ``null`` interval (the value must be past the
+    threshold and outside the null on that side), or for an exact number (compared directly)."""
+    sign = 1.0 if expect == ">" else -1.0
+    if interval is not None:
+        near, far = (interval[0], interval[1]) if sign > 0 else (interval[1], interval[0])
+        return REPRODUCED if sign * (near - threshold) > 0 else CONTRADICTED if sign * (far - threshold) < 0 else INCONCLUSIVE
+    if null is not None:
+        upper, lower = (null[1], null[0]) if sign > 0 else (null[0], null[1])
+        if sign * (value - threshold) > 0 and sign * (value - upper) > 0:
+            return REPRODUCED
+        if sign * (value - threshold) < 0 and sign * (value - lower) < 0:
+            return CONTRADICTED
+        return INCONCLUSIVE
+    return REPRODUCED if sign * (value - threshold) > 0 else CONTRADICTED
+
+
+def claim_verdict(verdicts: Sequence[str]) -> str:
+    """All tests reproduced -> reproduced; any contradicted -> contradicted; none run -> not run; else
+    inconclusive at this scale."""
+    if not verdicts or all(v == NOT_RUN for v in verdicts):
+        return NOT_RUN
+    if CONTRADICTED in verdicts:
+        return CONTRADICTED
+    if all(v == REPRODUCED for v in verdicts):
+        return REPRODUCED
+    return INCONCLUSIVE
+
+
+def lookup(data: Any, path: str, where: str) -> Any:
+    """The value at dotted ``path`` in ``data``; a key holding dots is matched whole (the longest key first),
+    a list item by its index. A missing key is a ``UserError`` naming ``where``, the key and what is there."""
+    parts = path.split(".")
+    node, i = data, 0
+    while i < len(parts):
+        for j in range(len(parts), i, -1):
+            key = ".".join(parts[i:j])
+            if isinstance(node, dict) and key in node:
+                node, i = node[key], j
+                break
+            if isinstance(node, list) and j == i + 1 and re.fullmatch(r"-?\d+", key) and -len(node) <= int(key) < len(node):
+                node, i = node[int(key)], j
+                break
+        else:
+            at = ".".join(parts[:i]) or "the top level"
+            there = (f"keys {', '.join(list(map(str, node))[:10])}" if isinstance(node, dict) else
+                     f"a list of {len(node)}" if isinstance(node, list) else f"the value {node!r}")
+            raise UserError(f"{where} has no '{parts[i]}' at {at} (it has {there}); fix the test's path in the claims file")
+    return node
+
+
+# -- evaluating the tests ------------------------------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    """What one test measured and its verdict."""
+
+    claim: str
+    """The claim's id."""
+    kind: str
+    """``change``, ``compare`` or ``value``."""
+    label: str
+    """What was measured, in words (e.g. ``c1c2-grpo pass@1``)."""
+    verdict: str
+    """One of ``VERDICTS``."""
+    expect: str = ""
+    """The expected direction (the test's ``expect``)."""
+    estimate: float | None = None
+    """change / compare: the mean per-problem difference (after − before, b − a); value: the value, ratio or
+    enrichment."""
+    interval: list[float] | None = None
+    """The estimate's 95% interval (bootstrap over problems, or an enrichment's exact interval); None for an exact
+    number."""
+    null: list[float] | None = None
+    """value: the permutation null's 95% interval of a share-of-‖Δ‖² enrichment."""
+    a: float | None = None
+    """change: the before mean; compare: a's mean (over the paired problems)."""
+    b: float | None = None
+    """change: the after mean; compare: b's mean."""
+    problems: int | None = None
+    """Problems paired (change, compare)."""
+    p: float | None = None
+    """value: the enrichment's p-value in the expected direction (one-sided for counts, two-sided for shares)."""
+    threshold: float | None = None
+    """value: the threshold."""
+    detail: str = ""
+    """Extra words: counts behind an enrichment, or why the test was not run."""
+    files: list[str] = field(default_factory=list)
+    """The files the test read or would read."""
+
+
+@dataclass
+class ClaimOutcome:
+    """A claim, its tests' results and its verdict."""
+
+    claim: Claim
+    """The claim as written in the claims file."""
+    verdict: str
+    """``claim_verdict`` of the tests."""
+    tests: list[Outcome]
+    """One result per ``[[claim.test]]``."""
+
+
+def task_report(data: dict, file: Path, task: str = "") -> dict:
+    """One task's evaluation (with ``problems``) from an ``evolm eval`` output (``tasks``) or a run's
+    ``eval_<label>.json`` (one task)."""
+    if isinstance(data, dict) and "tasks" in data:
+        tasks = data["tasks"] or {}
+        if task and task not in tasks:
+            raise UserError(f"{file} has no task '{task}' (it holds {', '.join(tasks) or 'none'}); fix the test's task")
+        if not task and len(tasks) != 1:
+            raise UserError(f"{file} holds {len(tasks)} tasks ({', '.join(tasks)}); name one with task = \"...\" in the test")
+        return tasks[task or next(iter(tasks))]
+    if not isinstance(data, dict) or "problems" not in data:
+        raise UserError(f"{file} is not an evaluation with per-problem results (no problems); point the test at an "
+                        "eval.json or a run's eval_before.json / eval_after.json")
+    if task and data.get("task") != task:
+        raise UserError(f"{file} measured task '{data.get('task')}', not '{task}'; fix the test's task")
+    return data
+
+
+def _values(path: Path, metric: str, task: str, read: Callable[[Path], Any]) -> dict[str, float | None]:
+    try:
+        return problem_values(task_report(read(path), path, task), metric)
+    except ValueError as e:  # pass@k beyond a problem's n
+        raise UserError(f"{path}: {e}") from None
+
+
+def _paired(claim: str, test: ClaimTest, label: str, a_path: Path, b_path: Path, read: Callable[[Path], Any]) -> Outcome:
+    result = Outcome(claim, test.kind, label, NOT_RUN, expect=test.expect, files=[str(a_path), str(b_path)])
+    missing = [str(p) for p in (a_path, b_path) if not p.exists()]
+    if missing:
+        result.detail = f"{' and '.join(missing)} missing"
+        return result
+    va, vb = _values(a_path, test.metric, test.task, read), _values(b_path, test.metric, test.task, read)
+    if set(va) != set(vb):
+        only_a, only_b = sorted(set(va) - set(vb)), sorted(set(vb) - set(va))
+        raise UserError(f"{a_path} and {b_path} hold different problems ({len(only_a)} only in the first, "
+                        f"{len(only_b)} only in the second, e.g. '{(only_a or only_b)[0]}'); a paired comparison "
+                        "needs the same held-out problems (evolm eval --like RUN)")
+    pairs = [(va[i], vb[i]) for i in va if va[i] is not None and vb[i] is not None]
+    if not pairs:
+        result.detail = f"no per-problem {test.metric} in {a_path} or {b_path}"
+        return result
+    diffs = [y - x for x, y in pairs]
+    mean, lo, hi = bootstrap_interval(diffs)
+    result.verdict = interval_verdict(test.expect, lo, hi, len(pairs))
+    result.estimate, result.interval, result.problems = mean, [lo, hi], len(pairs)
+    result.a, result.b = sum(x for x, _ in pairs) / len(pairs), sum(y for _, y in pairs) / len(pairs)
+    return result
+
+
+def _number(node: Any, where: str) -> float | None:
+    if node is None:
+        return None
+    if isinstance(node, bool) or not isinstance(node, (int, float)):
+        raise UserError(f"{where} is not a number; point the test's path at a number (e.g. models.es.relative_distance) "
+                        "or at an enrichment record (e.g. models.es.100.enrichment.by_category.norm)")
+    return float(node)
+
+
+def _value(claim: str, test: ClaimTest, label: str, files: list[Path], read: Callable[[Path], Any]) -> Outcome:
+    path, over = files[0], (files[1] if test.over else None)
+    result = Outcome(claim, test.kind, label, NOT_RUN, expect=test.expect, threshold=test.threshold,
+                        files=[str(path)] + ([str(over)] if over else []))
+    missing = [str(p) for p in [path] + ([over] if over else []) if not p.exists()]
+    if missing:
+        result.detail = f"{' and '.join(missing)} missing"
+        return result
+    node = lookup(read(path), test.path, str(path))
+    where = f"{path}: {test.path}"
+    if isinstance(node, dict) and ("enrichment_interval" in node or "null_enrichment_interval" in node):
+        if over is not None:
+            raise UserError(f"{where} is an enrichment record; over divides numbers only: drop over or point path at a number")
+        result.estimate = node.get("enrichment")
+        if "enrichment_interval" in node:  # a top-k count against Binomial(k, share): its own exact interval
+            result.interval = node.get("enrichment_interval")
+            result.p = node.get("p_enriched" if test.expect == ">" else "p_depleted")
+            result.detail = f"{node.get('observed')} observed, {node.get('expected'):.3g} expected"
+        else:  # a share of ‖Δ‖² against the permutation null
+            result.null = node.get("null_enrichment_interval")
+            result.p = node.get("p_two_sided")
+            share = node.get("share")
+            result.detail = (f"share of ‖Δ‖² {share:.3g} vs parameter share {node.get('parameter_share'):.3g}"
+                             if share is not None else "nothing moved")
+        if result.estimate is None or (result.interval is None and result.null is None):
+            result.verdict, result.detail = INCONCLUSIVE, result.detail + "; no enrichment (the category holds no trained coordinate, or nothing moved)"
+            return result
+        result.verdict = value_verdict(test.expect, result.estimate, test.threshold, result.interval, result.null)
+        return result
+    value = _number(node, where)
+    if over is not None:
+        denominator = _number(lookup(read(over), test.over.path, str(over)), f"{over}: {test.over.path}")
+        if value is None or not denominator:
+            result.verdict, result.detail = INCONCLUSIVE, f"{test.over.path} is {denominator}: no ratio"
+            return result
+        result.a, result.b = value, denominator
+        value = value / denominator
+    if value is None:
+        result.verdict, result.detail = INCONCLUSIVE, f"{test.path} is null in {path}"
+        return result
+    result.estimate = value
+    result.verdict = value_verdict(test.expect, value, test.threshold)
+    return result
+
+
+def files_of(test: ClaimTest, data_dir: Path) -> list[Path]:
+    """The files a test reads: a run's eval_before/after.json, the two compared files, or the value's file(s)."""
+    if test.kind == "change":
+        return [data_dir / test.run / "eval_before.json", data_dir / test.run / "eval_after.json"]
+    if test.kind == "compare":
+        return [data_dir / test.a, data_dir / test.b]
+    return [data_dir / test.file] + ([data_dir / test.over.file] if test.over else [])
+
+
+def label_of(test: ClaimTest) -> str:
+    """What a test measures, in a few words (e.g. ``c1c2-grpo pass@1``, ``pass@16: b − a``)."""
+    if test.kind == "change":
+        return f"{test.run} {test.metric}"
+    if test.kind == "compare":
+        return f"{test.metric} of {test.b} − {test.a}"
+    return test.path + (f" / {test.over.path}" if test.over else "")
+
+
+def evaluate_test(claim: Claim, test: ClaimTest, data_dir: Path, read: Callable[[Path], Any]) -> Outcome:
+    """One test's outcome; ``read(path)`` parses a JSON file (and may record it)."""
+    label, files = label_of(test), files_of(test, data_dir)
+    if claim.not_run or test.not_run:
+        return Outcome(claim.id, test.kind, label, NOT_RUN, expect=test.expect, threshold=test.threshold,
+                       detail=test.not_run or claim.not_run, files=[str(f) for f in files])
+    if test.kind == "value":
+        return _value(claim.id, test, label, files, read)
+    return _paired(claim.id, test, label, files[0], files[1], read)
+
+
+def evaluate_claims(claims: ClaimsFile, read: Callable[[Path], Any], data_dir: str | Path | None = None) -> list[ClaimOutcome]:
+    """Every claim's tests and verdict, reading files under ``data_dir`` (default ``claims.study.data``)."""
+    root = Path(claims.study.data if data_dir is None else data_dir)
+    out = []
+    for c in claims.claim:
+        tests = [evaluate_test(c, t, root, read) for t in c.test]
+        out.append(ClaimOutcome(c, NOT_RUN if c.not_run else claim_verdict([t.verdict for t in tests]), tests))
+    return out
+
+
+# -- words -------------------------------------------------------------------------------------------
+
+
+def _signed(x: float) -> str:
+    return f"{x:+.3f}"
+
+
+def _g(x: float | None) -> str:
+    return "–" if x is None else f"{x:.3g}"
+
+
+def describe(r: Outcome) -> str:
+    """One test's result in words, e.g. ``c1c2-grpo pass@1 0.191 → 0.492: +0.301 [+0.252, +0.350] (64 problems;
+    expected up): reproduced``."""
+    if r.verdict == NOT_RUN:
+        return f"{r.label}: not run ({r.detail})" if r.detail else f"{r.label}: not run"
+    if r.kind in ("change", "compare") and r.estimate is not None:
+        arrow = f"{r.a:.3f} → {r.b:.3f}" if r.kind == "change" else f"a {r.a:.3f}, b {r.b:.3f}"
+        diff = "after − before" if r.kind == "change" else "b − a"
+        return (f"{r.label} {arrow}: {diff} {_signed(r.estimate)} [{_signed(r.interval[0])}, {_signed(r.interval[1])}] "
+                f"({r.problems} problems; expected {r.expect.replace('_', ' ')}): {r.verdict}")
+    if r.kind == "value" and r.estimate is not None:
+        criterion = f"expected {r.expect} {r.threshold:g}"
+        if r.interval is not None:
+            p = f", p {r.p:.3g}" if r.p is not None else ""
+            return (f"{r.label}: enrichment {_g(r.estimate)} [{_g(r.interval[0])}, {_g(r.interval[1])}] (exact 95%; "
+                    f"{r.detail}{p}; {criterion}): {r.verdict}")
+        if r.null is not None:
+            p = f", p {r.p:.3g}" if r.p is not None else ""
+            return (f"{r.label}: enrichment {_g(r.estimate)}, null 95% {_g(r.null[0])}–{_g(r.null[1])} ({r.detail}{p}; "
+                    f"{criterion}): {r.verdict}")
+        ratio = f" = {_g(r.a)} / {_g(r.b)}" if r.a is not None and r.b is not None else ""
+        return f"{r.label}: {_g(r.estimate)}{ratio} (exact, one run; {criterion}): {r.verdict}"
+    return f"{r.label}: {r.verdict} ({r.detail})"

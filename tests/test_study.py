@@ -1,0 +1,356 @@
+"""The reproduction study's page (``evolm report --study``): claims file, paired bootstrap, verdicts, page, CLI.
+
+Fast: no model. Run directories are written the way the study commits them (config.toml, run.json,
+metrics.jsonl, seed_log.jsonl, config_history.jsonl, eval_before/after.json; no final/, no checkpoints),
+with per-problem n and c chosen so the differences, intervals and verdicts are known."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from evolm.commands import main
+from evolm.errors import ConfigError, UserError
+from evolm.metrics import pass_at_k_problem
+from evolm.report import study
+from evolm.report.reproduction import build_study
+from evolm.report.study import (CONTRADICTED, INCONCLUSIVE, NOT_RUN, REPRODUCED, bootstrap_interval, claim_verdict,
+                                interval_verdict, load_claims, value_verdict)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# -- synthetic committed files -------------------------------------------------------------------------
+
+
+def problems(cs, n=16, entropy=None, greedy=None, ids=None):
+    """One problem per c in ``cs``: n samples, c correct, every sample's entropy ``entropy[i]`` (default 0.5)."""
+    out = []
+    for i, c in enumerate(cs):
+        h = 0.5 if entropy is None else entropy[i]
+        out.append({"id": (ids or [f"arithmetic:{i}" for i in range(len(cs))])[i], "n": n, "c": int(c),
+                    "answers": ["1"] * n, "correct": [j < c for j in range(n)], "entropy": [h] * n,
+                    "num_tokens": [8] * n, "greedy_correct": bool(c > n // 2) if greedy is None else greedy[i]})
+    return out
+
+
+def run_eval(label, probs):
+    """A run's eval_<label>.json (one task)."""
+    return {"task": "arithmetic", "split": "test", "sampling": {"n": probs[0]["n"], "temperature": 1.0},
+            "ks": [1, 16], "summary": {"problems": len(probs), "n": probs[0]["n"]}, "problems": probs,
+            "label": label, "step": 0 if label == "before" else 10}
+
+
+def write_run(data: Path, name: str, before, after, method="es"):
+    """A run directory as the study commits it (no weights); ``before`` / ``after``: each problem's c of 16."""
+    d = data / name
+    d.mkdir(parents=True)
+    (d / "config.toml").write_text(f'[run]\nname = "{name}"\nmatch = "seconds"\nbudget = 100\n\n[model]\n'
+                                   'spec = "smollm2-135m"\ndtype = "float32"\nthreads = 1\ndevice = "cpu"\n\n'
+                                   '[task]\nname = "arithmetic"\nparams = { digits = 2 }\n\n[generation]\nmax_new_tokens = 24\n')
+    (d / "run.json").write_text(json.dumps({"kind": method, "status": "finished", "model": "smollm2-135m", "steps": 3}))
+    records = [{"step": s, "kind": "train", "method": method, "reward_mean": 0.1 * s, "seconds": 40.0,
+                "gen_sequences": 256, "gen_tokens": 3000, "seconds_total": 40.0 * s, "gen_sequences_total": 256 * s,
+                "gen_tokens_total": 3000 * s, "peak_rss_mb": 1200.0} for s in (1, 2, 3)]
+    records += [{"step": s, "kind": "probe", "task": "arithmetic", "entropy": 0.5 - 0.1 * s, "pass@1": 0.2 + 0.05 * s,
+                 "pass@8": 0.5} for s in (0, 3)]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (d / "config_history.jsonl").write_text(json.dumps({"event": "create", "step": 0, "changes": {}, "config": {}}) + "\n")
+    if method == "es":
+        (d / "seed_log.jsonl").write_text(json.dumps({"step": 1, "scale": 1e-4, "coefficients": [1.0] * 8}) + "\n")
+    (d / "eval_before.json").write_text(json.dumps(run_eval("before", problems(before))))
+    (d / "eval_after.json").write_text(json.dumps(run_eval("after", problems(after))))
+    return d
+
+
+def write_claims(path: Path, data: Path, body: str) -> Path:
+    path.write_text(f'[study]\ntitle = "Study"\ndata = "{data}"\nintro = "Synthetic."\n\n' + body)
+    return path
+
+
+def change(run, metric, expect, cid="C1"):
+    return (f'[[claim]]\nid = "{cid}"\nclaim = "a claim"\npaper = "the paper"\ncommand = "bash run.sh {cid}"\n'
+            f'decide = "more"\ncost = "1 h"\n\n[[claim.test]]\nkind = "change"\nrun = "{run}"\nmetric = "{metric}"\n'
+            f'expect = "{expect}"\n\n')
+
+
+def outcome(tmp_path, body):
+    """The outcomes of a claims file whose data directory is ``tmp_path / "data"``."""
+    data = tmp_path / "data"
+    claims = load_claims(write_claims(tmp_path / "claims.toml", data, body))
+    read = lambda p: json.loads(Path(p).read_text())  # noqa: E731
+    return study.evaluate_claims(claims, read)
+
+
+# -- statistics --------------------------------------------------------------------------------------
+
+
+def test_bootstrap_interval_known_values():
+    # half the problems gained one whole problem, half nothing: mean 0.5, sd of the mean 0.5/8 = 0.0625
+    mean, lo, hi = bootstrap_interval([1.0] * 32 + [0.0] * 32)
+    assert mean == 0.5
+    assert lo == pytest.approx(0.5 - 1.96 * 0.0625, abs=0.03) and hi == pytest.approx(0.5 + 1.96 * 0.0625, abs=0.03)
+    assert bootstrap_interval([1.0] * 32 + [0.0] * 32) == (mean, lo, hi)  # fixed seed: the page regenerates identically
+    assert bootstrap_interval([0.25] * 10) == (0.25, 0.25, 0.25)
+
+
+def test_interval_verdicts_in_every_direction():
+    assert interval_verdict("up", 0.1, 0.3, 64) == REPRODUCED
+    assert interval_verdict("up", -0.3, -0.1, 64) == CONTRADICTED
+    assert interval_verdict("up", -0.1, 0.3, 64) == INCONCLUSIVE
+    assert interval_verdict("up", 0.0, 0.0, 64) == INCONCLUSIVE  # nothing moved
+    assert interval_verdict("down", -0.3, -0.1, 64) == REPRODUCED
+    assert interval_verdict("a_greater", 0.1, 0.2, 64) == CONTRADICTED
+    assert interval_verdict("b_greater", 0.1, 0.2, 64) == REPRODUCED
+    # not_down: non-inferiority with a margin of one problem's share (1/64 = 0.0156)
+    assert interval_verdict("not_down", -0.01, 0.02, 64) == REPRODUCED
+    assert interval_verdict("not_down", -0.01, -0.005, 64) == REPRODUCED  # within the margin
+    assert interval_verdict("not_down", -0.2, -0.05, 64) == CONTRADICTED
+    assert interval_verdict("not_down", -0.2, 0.05, 64) == INCONCLUSIVE
+    assert interval_verdict("equal", -0.01, 0.01, 64) == REPRODUCED
+    assert interval_verdict("equal", 0.05, 0.2, 64) == CONTRADICTED
+    assert interval_verdict("equal", -0.1, 0.1, 64) == INCONCLUSIVE
+    assert value_verdict(">", 40.0, 10.0) == REPRODUCED and value_verdict(">", 2.0, 10.0) == CONTRADICTED
+    assert value_verdict(">", 5.0, 1.0, interval=[2.0, 9.0]) == REPRODUCED
+    assert value_verdict(">", 5.0, 1.0, interval=[0.5, 9.0]) == INCONCLUSIVE
+    assert value_verdict(">", 0.2, 1.0, interval=[0.05, 0.6]) == CONTRADICTED
+    assert value_verdict("<", 0.2, 1.0, interval=[0.05, 0.6]) == REPRODUCED
+    assert value_verdict(">", 1.5, 1.0, null=[0.9, 1.1]) == REPRODUCED
+    assert value_verdict(">", 1.05, 1.0, null=[0.9, 1.1]) == INCONCLUSIVE
+    assert value_verdict(">", 0.5, 1.0, null=[0.9, 1.1]) == CONTRADICTED
+    assert claim_verdict([REPRODUCED, REPRODUCED]) == REPRODUCED
+    assert claim_verdict([REPRODUCED, CONTRADICTED, NOT_RUN]) == CONTRADICTED
+    assert claim_verdict([REPRODUCED, NOT_RUN]) == INCONCLUSIVE
+    assert claim_verdict([NOT_RUN, NOT_RUN]) == NOT_RUN and claim_verdict([]) == NOT_RUN
+
+
+def test_change_reproduced_contradicted_inconclusive(tmp_path):
+    data = tmp_path / "data"
+    write_run(data, "up", [0] * 64, [8] * 64)  # pass@1 0 -> 0.5 on every problem
+    write_run(data, "worse", [8] * 64, [0] * 64)
+    write_run(data, "mixed", [4] * 32 + [12] * 32, [12] * 32 + [4] * 32)  # +0.5 on half, -0.5 on the other half
+    res = outcome(tmp_path, change("up", "pass@1", "up", "A") + change("worse", "pass@1", "up", "B")
+                  + change("mixed", "pass@1", "up", "C") + change("up", "pass@16", "up", "D"))
+    a, b, c, d = (r.tests[0] for r in res)
+    assert (a.verdict, a.estimate, a.interval, a.a, a.b, a.problems) == (REPRODUCED, 0.5, [0.5, 0.5], 0.0, 0.5, 64)
+    assert (b.verdict, b.estimate) == (CONTRADICTED, -0.5)
+    assert c.verdict == INCONCLUSIVE and c.estimate == pytest.approx(0.0, abs=1e-12)
+    assert c.interval[0] == pytest.approx(-1.96 * 0.5 / 8, abs=0.03) and c.interval[1] == pytest.approx(1.96 * 0.5 / 8, abs=0.03)
+    assert d.estimate == pytest.approx(1.0) and d.verdict == REPRODUCED  # pass@16 of 0 -> 8 correct of 16
+    assert [r.verdict for r in res] == [REPRODUCED, CONTRADICTED, INCONCLUSIVE, REPRODUCED]
+    text = study.describe(a)
+    assert "up pass@1 0.000 → 0.500" in text and "+0.500 [+0.500, +0.500]" in text and "64 problems" in text
+
+
+def test_pass_at_k_per_problem_is_the_unbiased_estimator(tmp_path):
+    data = tmp_path / "data"
+    cs_before, cs_after = list(range(0, 16)) * 4, [min(c + 3, 16) for c in range(0, 16)] * 4
+    write_run(data, "r", cs_before, cs_after)
+    res = outcome(tmp_path, change("r", "pass@4", "up"))[0].tests[0]
+    expect = np.mean([pass_at_k_problem(16, y, 4) - pass_at_k_problem(16, x, 4) for x, y in zip(cs_before, cs_after)])
+    assert res.estimate == pytest.approx(expect) and res.verdict == REPRODUCED
+
+
+def test_entropy_not_down(tmp_path):
+    data = tmp_path / "data"
+    rng = np.random.default_rng(1)
+    # the same problems and correctness, chosen entropies: a tiny drop (within 1/64), a large drop, a wide spread
+    cases = {"tiny": [0.5 - 0.001] * 64, "large": [0.1] * 64, "wide": list(0.5 + rng.choice([-0.5, 0.5], 64))}
+    for name, after in cases.items():
+        d = write_run(data, name, [4] * 64, [4] * 64)
+        (d / "eval_before.json").write_text(json.dumps(run_eval("before", problems([4] * 64, entropy=[0.5] * 64))))
+        (d / "eval_after.json").write_text(json.dumps(run_eval("after", problems([4] * 64, entropy=after))))
+    res = outcome(tmp_path, change("tiny", "entropy", "not_down", "A") + change("large", "entropy", "not_down", "B")
+                  + change("wide", "entropy", "not_down", "C") + change("large", "entropy", "down", "D"))
+    tiny, large, wide, down = (r.tests[0] for r in res)
+    assert tiny.verdict == REPRODUCED and tiny.estimate == pytest.approx(-0.001)
+    assert large.verdict == CONTRADICTED and large.estimate == pytest.approx(-0.4)
+    assert wide.verdict == INCONCLUSIVE
+    assert down.verdict == REPRODUCED
+
+
+def test_compare_and_mismatched_problems(tmp_path):
+    data = tmp_path / "data"
+    write_run(data, "grpo", [4] * 64, [12] * 64, method="grpo")
+    write_run(data, "es", [4] * 64, [6] * 64)
+    matched = data / "matched" / "es-at-grpo-sequences"
+    matched.mkdir(parents=True)
+    (matched / "eval.json").write_text(json.dumps({"model": {"spec": "x"}, "settings": {"n": 16},
+                                                   "tasks": {"arithmetic": run_eval("x", problems([5] * 64))}}))
+    body = ('[[claim]]\nid = "C2"\nclaim = "c"\n\n'
+            '[[claim.test]]\nkind = "compare"\na = "grpo/eval_after.json"\nb = "es/eval_after.json"\nmetric = "pass@1"\nexpect = "a_greater"\n\n'
+            '[[claim.test]]\nkind = "compare"\na = "es/eval_before.json"\nb = "matched/es-at-grpo-sequences/eval.json"\nmetric = "pass@1"\nexpect = "b_greater"\n\n'
+            '[[claim.test]]\nkind = "compare"\na = "es/eval_after.json"\nb = "grpo/eval_after.json"\nmetric = "greedy"\nexpect = "equal"\n')
+    res = outcome(tmp_path, body)[0]
+    first, second, third = res.tests
+    assert (first.verdict, first.estimate) == (REPRODUCED, pytest.approx(6 / 16 - 12 / 16))
+    assert (second.verdict, second.estimate) == (REPRODUCED, pytest.approx(1 / 16))
+    # greedy_correct is c > n/2: 6 of 16 -> wrong, 12 of 16 -> right on every problem: b - a = 1, not equal
+    assert third.verdict == CONTRADICTED and third.estimate == 1.0
+    assert res.verdict == CONTRADICTED
+    # a file of other problems: one line naming both files
+    ids = [f"arithmetic:{i + 100}" for i in range(64)]
+    (matched / "eval.json").write_text(json.dumps({"tasks": {"arithmetic": run_eval("x", problems([5] * 64, ids=ids))}}))
+    with pytest.raises(UserError) as e:
+        outcome(tmp_path, body)
+    msg = str(e.value)
+    assert "\n" not in msg and str(data / "es" / "eval_before.json") in msg
+    assert str(matched / "eval.json") in msg and "different problems" in msg
+
+
+def test_missing_files_and_not_run(tmp_path):
+    data = tmp_path / "data"
+    write_run(data, "es", [4] * 64, [6] * 64)
+    body = (change("nowhere", "pass@1", "up", "A") + change("es", "pass@1", "up", "B") +
+            '[[claim.test]]\nkind = "change"\nrun = "es"\nmetric = "pass@16"\nexpect = "up"\nnot_run = "no time"\n\n'
+            '[[claim]]\nid = "C"\nclaim = "c"\nnot_run = "too expensive here"\n\n'
+            '[[claim.test]]\nkind = "change"\nrun = "es"\nmetric = "pass@1"\nexpect = "up"\n\n'
+            '[[claim.test]]\nkind = "change"\nrun = "es"\nmetric = "pass@16"\nexpect = "up"\n')
+    a, b, c = outcome(tmp_path, body)
+    assert a.verdict == NOT_RUN and a.tests[0].verdict == NOT_RUN and "missing" in a.tests[0].detail
+    assert str(data / "nowhere" / "eval_before.json") in a.tests[0].detail
+    assert b.verdict == INCONCLUSIVE and b.tests[0].verdict == REPRODUCED  # one test ran, one did not
+    assert b.tests[1].verdict == NOT_RUN and b.tests[1].detail == "no time"
+    assert c.verdict == NOT_RUN and [t.verdict for t in c.tests] == [NOT_RUN, NOT_RUN]
+    assert c.tests[0].detail == "too expensive here"
+
+
+def _analyses(data: Path) -> None:
+    """drift.json and localisation.json computed by the real analyses from small state dicts: ES moves 10 norm
+    coordinates by 1 and every other coordinate by at most 1e-3; GRPO moves the 500 embedding coordinates most."""
+    import torch
+
+    from evolm.analysis.drift import drift
+    from evolm.analysis.localisation import top_k_localisations
+
+    g = torch.Generator().manual_seed(0)
+    base = {"model.norm.weight": torch.ones(10), "model.layers.0.self_attn.q_proj.weight": torch.randn(49, 10, generator=g),
+            "model.embed_tokens.weight": torch.randn(50, 10, generator=g)}
+    small = {k: 1e-3 * torch.rand(v.shape, generator=g) for k, v in base.items()}
+    es = {k: v + small[k] + (1.0 if k == "model.norm.weight" else 0.0) for k, v in base.items()}
+    grpo = {k: v + 1e-4 * small[k] + (0.01 if "embed" in k else 0.0) for k, v in base.items()}
+    d = data / "analyses" / "c1c2"
+    d.mkdir(parents=True)
+    models = {"es": es, "grpo": grpo}
+    (d / "drift.json").write_text(json.dumps({"kind": "drift", "models": {k: drift(base, m) for k, m in models.items()}}))
+    loc = {k: {str(kk): v for kk, v in top_k_localisations(base, m, [100]).items()} for k, m in models.items()}
+    (d / "localisation.json").write_text(json.dumps({"kind": "localisation", "models": loc}))
+
+
+def value(cid, file, path, expect=">", threshold=1.0, over=""):
+    return (f'[[claim]]\nid = "{cid}"\nclaim = "c"\n\n[[claim.test]]\nkind = "value"\nfile = "{file}"\npath = "{path}"\n'
+            f'expect = "{expect}"\nthreshold = {threshold}\n{over}\n')
+
+
+def test_value_tests_report_intervals_and_p_values(tmp_path):
+    _analyses(tmp_path / "data")
+    drift_json = json.loads((tmp_path / "data" / "analyses" / "c1c2" / "drift.json").read_text())
+    over = 'over = { file = "analyses/c1c2/drift.json", path = "models.grpo.relative_distance" }'
+    res = outcome(tmp_path, value("A", "analyses/c1c2/drift.json", "models.es.relative_distance", threshold=10.0, over=over)
+                  + value("B", "analyses/c1c2/localisation.json", "models.es.100.enrichment.by_category.norm")
+                  + value("C", "analyses/c1c2/localisation.json", "models.es.100.enrichment.by_category.attention")
+                  + value("D", "analyses/c1c2/drift.json", "models.es.enrichment.by_category.norm")
+                  + value("E", "analyses/c1c2/localisation.json", "models.grpo.100.enrichment.by_category.embedding"))
+    ratio, norm, attention, share, emb = (r.tests[0] for r in res)
+    es_d, grpo_d = drift_json["models"]["es"]["relative_distance"], drift_json["models"]["grpo"]["relative_distance"]
+    assert ratio.estimate == pytest.approx(es_d / grpo_d) and ratio.estimate > 10 and ratio.verdict == REPRODUCED
+    assert f"= {es_d:.3g} / {grpo_d:.3g}" in study.describe(ratio) and "exact, one run" in study.describe(ratio)
+    # 10 norm coordinates of 1000 (1 expected in a top 100) all in ES's top 100: enrichment 10, exact interval above 1
+    assert norm.verdict == REPRODUCED and norm.estimate == pytest.approx(10.0) and norm.interval[0] > 1
+    assert norm.p < 1e-6 and "10 observed, 1 expected" in study.describe(norm) and "exact 95%" in study.describe(norm)
+    assert attention.verdict == INCONCLUSIVE and attention.interval[0] < 1 < attention.interval[1]
+    assert share.verdict == REPRODUCED and share.null is not None and "null 95%" in study.describe(share)
+    assert emb.verdict == REPRODUCED and emb.estimate == pytest.approx(2.0)  # 100 of 100 where 50 are expected
+    with pytest.raises(UserError, match="has no 'relative_distanc'"):
+        outcome(tmp_path, value("F", "analyses/c1c2/drift.json", "models.es.relative_distanc"))
+
+
+def test_claims_file_errors_are_one_line_configerrors(tmp_path):
+    data = tmp_path / "data"
+    cases = {
+        change("r", "pass@1", "up").replace('metric = "pass@1"', 'metrc = "pass@1"'): "did you mean 'metric'",
+        change("r", "pass@1", "up").replace('kind = "change"', 'kind = "delta"'): "kind must be one of",
+        change("r", "pass@1", "up").replace('expect = "up"', 'expect = "b_greater"'): "expect must be one of up, down, not_down",
+        change("r", "pass@1", "up").replace('metric = "pass@1"', 'metric = "pass@0"'): "metric must be pass@K",
+        change("r", "pass@1", "up").replace('run = "r"', 'run = "r"\nfile = "x.json"'): "does not take file",
+        change("r", "pass@1", "up").replace('run = "r"\n', ''): 'needs run (e.g. run = "c1c2-es")',
+        change("r", "pass@1", "up") + change("r", "pass@1", "up"): "the id C1 is used twice",
+        '[[claim]]\nid = "X"\nclaim = "c"\nverdict = "reproduced"\n': "unknown config field 'claim[0].verdict'",
+    }
+    for body, expected in cases.items():
+        path = write_claims(tmp_path / "claims.toml", data, body)
+        with pytest.raises(ConfigError) as e:
+            load_claims(path)
+        assert expected in str(e.value) and "\n" not in str(e.value) and str(path) in str(e.value), (expected, str(e.value))
+
+
+def test_page_and_cli(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    data = Path("data")
+    write_run(data, "c1c2-grpo", [4] * 64, [12] * 64, method="grpo")
+    write_run(data, "c1c2-es", [4] * 64, [5] * 64)
+    _analyses(data)
+    body = (change("c1c2-grpo", "pass@1", "up", "C1") + change("c1c2-es", "pass@16", "up", "C2")
+            + value("C6", "analyses/c1c2/localisation.json", "models.es.100.enrichment.by_category.norm")
+            + change("c1c2-es", "pass@1", "up", "C3").replace('cost = "1 h"', 'cost = "1 h"\nnot_run = "no budget"'))
+    claims = write_claims(Path("claims.toml"), data, body)
+    assert main(["report", "--study", str(claims), "--out", "docs"]) == 0
+    said = capsys.readouterr().out
+    assert "wrote docs/REPRODUCTION.md (4 claims" in said
+    md = Path("docs/REPRODUCTION.md").read_text()
+    assert md.startswith("# Study\n") and "Generated by `evolm report --study claims.toml`" in md
+    table = md.split("## Claims and verdicts")[1].split("\n## ")[0]
+    rows = [line for line in table.splitlines() if line.startswith("| **")]
+    assert [re.match(r"\| \*\*(\w+)\*\*", r).group(1) for r in rows] == ["C1", "C2", "C6", "C3"]
+    assert "**reproduced**" in rows[0] and "+0.500 [+0.500, +0.500]" in rows[0] and "`bash run.sh C1`" in rows[0]
+    assert "**not run**" in rows[3] and "Not run: no budget" in rows[3]
+    # the figures it links exist and are PNGs, under docs/study/figures
+    linked = re.findall(r"\]\((study/figures/[^)]+\.png)\)", md)
+    assert linked and all((Path("docs") / f).read_bytes()[:4] == b"\x89PNG" for f in linked)
+    assert {"## Held-out pass@k with intervals", "## Held-out probe: entropy and pass@k during training",
+            "## Analysis: localisation", "## What was run"} <= set(re.findall(r"^## .*$", md, re.M))
+    # files read are listed, relative to the current directory: no absolute path on the page
+    files = md.split("## Files read")[1]
+    for f in ("claims.toml", "data/c1c2-es/eval_after.json", "data/c1c2-grpo/metrics.jsonl",
+              "data/analyses/c1c2/localisation.json"):
+        assert f"- `{f}`" in files
+    assert str(tmp_path) not in md
+    record = json.loads(Path("docs/study/reproduction.json").read_text())
+    assert [c["verdict"] for c in record["claims"]] == [REPRODUCED, INCONCLUSIVE, REPRODUCED, NOT_RUN]
+    assert record["figures"] == linked
+    # the runs table comes from the copied run directories (no weights): status from run.json
+    assert "| c1c2-grpo | grpo | smollm2-135m | float32 | cpu | 1 | arithmetic (digits=2) | finished | 3 | 120 |" in md
+    # --study takes no PATH
+    assert main(["report", "--study", str(claims), "runs/es"]) == 2
+    assert "--study takes no PATH" in capsys.readouterr().err
+    # a bad claims file is one line on stderr
+    Path("bad.toml").write_text('[[claim]]\nid = "X"\nclaim = "c"\n\n[[claim.test]]\nkind = "delta"\n')
+    assert main(["report", "--study", "bad.toml"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("evolm: error: bad.toml: ") and err.count("\n") == 1 and "kind must be one of" in err
+
+
+def test_copied_run_directory_reads_like_a_run(tmp_path):
+    from evolm.report.read import Reader, gather
+
+    d = write_run(tmp_path, "c1c2-es", [4] * 64, [5] * 64)
+    src = gather([str(d)], {}, Reader())
+    (run,) = src.runs
+    assert run.info["status"] == "finished" and not (d / "final").exists()
+    assert len(run.train) == 3 and len(run.probes) == 2 and run.eval_after["problems"][0]["c"] == 5
+
+
+def test_the_committed_claims_file():
+    claims = load_claims(ROOT / "experiments" / "study" / "claims.toml")
+    ids = [c.id for c in claims.claim]
+    assert ids == [f"C{i}" for i in range(1, 10)] + ["Q1", "Q2"]
+    for c in claims.claim:
+        assert c.claim and c.paper and c.command and c.decide and c.cost, c.id
+        assert c.not_run or c.test, f"{c.id} is neither run nor says why not"
+    # nothing committed yet: every row still renders, as "not run"
+    out = study.evaluate_claims(claims, lambda p: json.loads(Path(p).read_text()), ROOT / "no-such-dir")
+    assert {o.verdict for o in out} == {NOT_RUN}
