@@ -37,6 +37,7 @@ c1c2() {
   local a="$OUT/analyses/c1c2"
   [ -f "$a/drift.json" ] || "$PY" -m evolm analyze drift --trained es="$OUT/c1c2-es" --trained grpo="$OUT/c1c2-grpo" --out "$a"
   [ -f "$a/localisation.json" ] || "$PY" -m evolm analyze localisation --trained es="$OUT/c1c2-es" --trained grpo="$OUT/c1c2-grpo" --out "$a"
+  [ -f "$a/sparsity.json" ] || "$PY" -m evolm analyze sparsity --trained es="$OUT/c1c2-es" --trained grpo="$OUT/c1c2-grpo" --no-eval --out "$a"
 }
 
 single() {  # single NAME: one ES run of experiments/study/NAME.toml
