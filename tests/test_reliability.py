@@ -455,9 +455,10 @@ def test_kernel_build_folder_is_keyed_by_torch_python_and_compiler():
     from evolm.es import fused
 
     key = fused.build_key()
-    assert set(key) == {"torch", "python", "compiler", "source"} and key["torch"] == torch.__version__
+    assert set(key) == {"torch", "torch_path", "python", "compiler", "source"} and key["torch"] == torch.__version__
+    assert key["torch_path"] == os.path.dirname(torch.__file__)  # two venvs never share (and rebuild) one folder
     dirs = {fused.build_dir(key)} | {fused.build_dir({**key, field: "other"}) for field in key}
-    assert len(dirs) == 5 and all(d.name.startswith(fused.NAME + "-") for d in dirs)
+    assert len(dirs) == 6 and all(d.name.startswith(fused.NAME + "-") for d in dirs)
 
 
 def _kernel_in_child(env_extra: dict, code: str, timeout: float) -> subprocess.CompletedProcess:

@@ -14,7 +14,8 @@ Design decisions:
   slower. ``ParamSet`` uses one path for a perturb and its restore. The ES engine asks for the kernel
   before its timed loop, so a build never lands in an update's timings or the progress bar's ETA.
 - The build folder is keyed by what the binary depends on: ``$EVOLM_CACHE/torch_extensions/
-  evolm_es_fused_v2-<key>``, the key a hash of the torch version, the Python ABI tag, the C++
+  evolm_es_fused_v2-<key>``, the key a hash of the torch version and install path (torch's build file names its include
+  paths, so two venvs must not share a folder), the Python ABI tag, the C++
   compiler's ``--version`` line and the kernel source and flags (spelled out in ``key.json`` there),
   so two environments never rebuild each other's kernel. Every build is announced on stderr.
 - Builds are serialised by an OS lock (``flock`` on ``evolm.lock`` in the build folder), which the
@@ -131,7 +132,10 @@ def build_key() -> dict:
         version = version.strip().splitlines()[0] if version.strip() else "unknown"
     except (OSError, subprocess.SubprocessError):
         version = "none"
-    return {"torch": torch.__version__, "python": sysconfig.get_config_var("SOABI") or sys.implementation.cache_tag,
+    # torch's build.ninja names the include paths of the torch it builds against: two installs of the
+    # same version at different paths (two venvs) would otherwise rebuild each other's folder in turn
+    return {"torch": torch.__version__, "torch_path": os.path.dirname(torch.__file__),
+            "python": sysconfig.get_config_var("SOABI") or sys.implementation.cache_tag,
             "compiler": f"{compiler}: {version}",
             "source": hashlib.sha256((_SOURCE + " ".join(CFLAGS)).encode()).hexdigest()[:16]}
 
