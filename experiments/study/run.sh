@@ -46,8 +46,10 @@ single() {  # single NAME: one ES run of experiments/study/NAME.toml
 
 case "${1:-}" in
   c1c2) c1c2 ;;
-  q1) single q1-es-norm-attention ;;
-  c8) single c8-es-antithetic ;;
+  q1) single q1-es-norm-attention
+      "$PY" experiments/study/at_step.py "$OUT/c1c2-es" 60 "$OUT/matched/c1c2-es-at-60" ;;
+  c8) single c8-es-antithetic
+      "$PY" experiments/study/at_step.py "$OUT/c1c2-es" 60 "$OUT/matched/c1c2-es-at-60" ;;
   collect) "$PY" experiments/study/collect.py "$OUT" docs/study ;;
   report) "$PY" -m evolm report --study experiments/study/claims.toml --out docs ;;
   *) echo "usage: $0 c1c2 | q1 | c8 | collect | report" >&2; exit 2 ;;
