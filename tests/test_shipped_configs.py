@@ -1,0 +1,37 @@
+"""Every config file evolm ships (configs/, experiments/study/, the packaged demo) loads, validates and
+uses current names only: a user copying one never starts from a refused or deprecated setting."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from evolm import config
+from evolm.grpo import GRPOJob
+from evolm.pipeline import PipelineJob
+from evolm.rewards import DEPRECATED
+
+ROOT = Path(__file__).resolve().parents[1]
+FILES = sorted([*ROOT.glob("configs/*.toml"), *ROOT.glob("experiments/study/*.toml"), *ROOT.glob("src/evolm/configs/*.toml")])
+
+
+def _job_class(path: Path, data: dict):
+    if "pipeline" in data:
+        return PipelineJob
+    return GRPOJob if "grpo" in data else config.ESJob
+
+
+@pytest.mark.parametrize("path", [f for f in FILES if f.name != "claims.toml"], ids=lambda p: str(p.relative_to(ROOT)))
+def test_shipped_config_loads_validates_and_uses_current_names(path):
+    data = tomllib.loads(path.read_text())
+    cfg = config.load(_job_class(path, data), path)
+    config.validate(cfg)
+    for section in ("task", "eval", "probe"):
+        reward = data.get(section, {}).get("reward")
+        assert reward not in DEPRECATED, f"{path}: {section}.reward = '{reward}' is deprecated"
+
+
+def test_there_are_shipped_configs():
+    assert len(FILES) >= 8
