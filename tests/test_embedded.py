@@ -169,7 +169,7 @@ def test_a_missing_main_package_names_the_install_line(monkeypatch):
 
 
 def test_cli_reports_a_missing_model_package_in_one_line(monkeypatch, capsys):
-    from evolm.cli import main
+    from evolm.commands import main
 
     monkeypatch.setattr(embedded, "GEMMA_PACKAGE", "evolm_test_no_such_package")
     assert main(["eval", "--model", "gemma3-270m", "--tasks", "arc_easy", "--limit", "2", "--n", "2", "--k", "1"]) == 2
