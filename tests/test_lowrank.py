@@ -357,6 +357,10 @@ def test_config_validation_of_lowrank_fields(override, message):
     cfg.generation.backend = "vllm"  # a backend without the model's modules in this process
     with pytest.raises(ConfigError, match="set generation.backend='hf'"):
         config.validate(cfg)
+    cfg.generation.backend = "hf"
+    cfg.distributed.workers = 2  # Ray actors score members one by one: the batched population lives in one process
+    with pytest.raises(ConfigError, match="set distributed.workers=0"):
+        config.validate(cfg)
 
 
 # -- the real default model ----------------------------------------------------------------------------
