@@ -229,6 +229,18 @@ def test_lowrank_update_is_the_sum_of_rank_r_products(tiny_model):
         assert torch.allclose(delta, expected, atol=2e-7), name
 
 
+def test_lowrank_update_that_would_overflow_is_refused_and_changes_nothing(tiny_model):
+    """As for full-rank ES (docs/reliability.md): an update that would write inf or NaN returns False and
+    leaves every weight as it was; the seed log then says skipped, so replay stays in step."""
+    params = _params(tiny_model, rank=2)
+    before = _snapshot(tiny_model)
+    assert params.apply_update(3, [1.0, -1.0], 1e38) is False
+    assert params.apply_update(3, [float("nan"), 1.0], 1e-3) is False
+    for name, p in tiny_model.named_parameters():
+        assert torch.equal(p.detach(), before[name]), name
+    assert params.apply_update(3, [1.0, -1.0], 1e-3) is True
+
+
 # -- the engine on a low-rank run ---------------------------------------------------------------------
 
 def _tiny_cfg(tmp_path, **es):
@@ -414,3 +426,14 @@ def test_readme_lowrank_command_runs_on_the_default_model(tmp_path):
     header, update = run.seed_log()
     assert header["perturbation"] == "lowrank" and header["rank"] == 4 and update["step"] == 1
     assert (run.path / "final" / "model.safetensors").exists()
+
+
+def test_every_population_offers_the_calls_the_engine_makes():
+    """engine.train calls score, apply_update, checkpointed and close on whatever population it is given."""
+    from evolm.es.lowrank_population import LowRankPopulation
+    from evolm.es.population import LocalPopulation
+    from evolm.es.ray_population import RayPopulation
+
+    for cls in (LocalPopulation, LowRankPopulation, RayPopulation):
+        missing = [m for m in ("score", "apply_update", "checkpointed", "close") if not callable(getattr(cls, m, None))]
+        assert not missing, f"{cls.__name__} lacks {missing}"

@@ -276,8 +276,9 @@ class EngineParamSet:
         self.generator.reset_prefix_cache()
         self._perturbed = None
 
-    def apply_update(self, iteration: int, coefficients, scale: float) -> None:
-        """Update the workers and the driver's model side by side; stop if they end up different."""
+    def apply_update(self, iteration: int, coefficients, scale: float) -> bool:
+        """Update the workers and the driver's model side by side; stop if they end up different. Returns
+        False when the update was refused (it would make a weight non-finite: every copy refuses it alike)."""
         if self._perturbed is not None:
             raise RuntimeError("apply_update() while perturbed; restore() first")
         coefficients = [float(c) for c in coefficients]
@@ -291,7 +292,7 @@ class EngineParamSet:
 
         worker = threading.Thread(target=call, name="vllm-es-update")
         worker.start()
-        self.local.apply_update(iteration, coefficients, scale)
+        applied = self.local.apply_update(iteration, coefficients, scale)
         local = self.local
         mine = sum(checksum(t) for t in (local.masters if local.masters is not None else local.tensors))
         worker.join()
@@ -303,6 +304,7 @@ class EngineParamSet:
             raise RuntimeError(f"after update {iteration + 1} the vLLM workers' weights differ from the driver's "
                                f"(checksums {remote['sums']} vs {mine}); the run stops rather than train a model it "
                                "cannot save")
+        return applied
 
     def checksums(self) -> dict[str, int]:
         """The engine's per-tensor checksums (HF names)."""

@@ -171,32 +171,58 @@ class LowRankParamSet(ParamSet):
         return self.noise.vector(iteration, direction, self.indices[k])
 
     @torch.no_grad()
-    def apply_update(self, iteration: int, coefficients, scale: float) -> None:
-        """``theta += scale * sum_d c_d E_d``: one float32 GEMM per matrix (rank <= D r), float32 sums for vectors."""
+    def apply_update(self, iteration: int, coefficients, scale: float) -> bool:
+        """``theta += scale * sum_d c_d E_d``: one float32 GEMM per matrix (rank <= D r), float32 sums for vectors.
+
+        Returns False, and changes nothing, when the update would make any weight non-finite: a first
+        pass computes every new value without writing (the GEMMs twice; the update is ~2% of an
+        iteration), the second writes the same values."""
         if self._perturbed is not None:
             raise RuntimeError("apply_update() while perturbed; restore() first")
-        active = [(d, float(c)) for d, c in enumerate(coefficients) if float(c) != 0.0]
+        coefficients = [float(c) for c in coefficients]
+        scale = float(scale)
+        if not (math.isfinite(scale) and all(math.isfinite(c) for c in coefficients)):
+            return False
+        active = [(d, c) for d, c in enumerate(coefficients) if c != 0.0]
+        if not self._add_update(iteration, active, scale, write=False):
+            return False
+        self._add_update(iteration, active, scale, write=True)
+        return True
+
+    def _add_update(self, iteration: int, active: list[tuple[int, float]], scale: float, write: bool) -> bool:
+        """Add the update (``write``), or only check that every new value would be finite (False if not)."""
         root = math.sqrt(self.rank)
         for k, live in enumerate(self.tensors):
             target = self.masters[k] if self.masters is not None else live
+            chunks = []
             if active and self.is_matrix(k):
                 pairs = [self.factors(k, iteration, d) for d, _ in active]
                 a = torch.cat([p[0].float() * (c / root) for p, (_, c) in zip(pairs, active)], dim=1)  # out x D r
                 b = torch.cat([p[1].float() for p in pairs], dim=1)  # in x D r
                 rows = max(1, CHUNK // target.shape[1])
-                for i in range(0, target.shape[0], rows):
-                    delta = torch.mm(a[i:i + rows], b.t())
-                    target[i:i + rows].add_(delta.mul_(float(scale)))
+                chunks = ((target[i:i + rows], torch.mm(a[i:i + rows], b.t())) for i in range(0, target.shape[0], rows))
             elif active:
                 flat = target.view(-1)
                 noises = [(c, self.vector(k, iteration, d)) for d, c in active]
-                for i in range(0, flat.numel(), CHUNK):
-                    acc = torch.zeros(min(CHUNK, flat.numel() - i), dtype=torch.float32, device=flat.device)
-                    for c, eps in noises:
-                        acc.add_(eps[i:i + CHUNK].float().mul(c))
-                    flat[i:i + CHUNK].add_(acc.mul_(float(scale)))
-            if self.masters is not None:
+
+                def sums(flat=flat, noises=noises):
+                    for i in range(0, flat.numel(), CHUNK):
+                        acc = torch.zeros(min(CHUNK, flat.numel() - i), dtype=torch.float32, device=flat.device)
+                        for c, eps in noises:
+                            acc.add_(eps[i:i + CHUNK].float().mul(c))
+                        yield flat[i:i + CHUNK], acc
+                chunks = sums()
+            for part, delta in chunks:
+                delta.mul_(scale)
+                if write:
+                    part.add_(delta)
+                    continue
+                new = part + delta
+                if not bool(torch.isfinite(new).all()) or not bool(torch.isfinite(new.to(live.dtype)).all()):
+                    return False
+            if write and self.masters is not None:
                 live.copy_(self.masters[k].view_as(live))
+        return True
 
 
 def build_lowrank_paramset(model, cfg, header: dict | None = None) -> LowRankParamSet:

@@ -18,7 +18,7 @@ import time
 from typing import Callable
 
 from evolm.backends.base import Generator, SamplingParams
-from evolm.es.population import MemberScores, score_completions
+from evolm.es.population import NON_FINITE_WEIGHTS, MemberScores, score_completions
 from evolm.es.lowrank import LowRankParamSet
 from evolm.es.member_forward import MemberForward
 from evolm.es.update import Update
@@ -69,10 +69,16 @@ class LowRankPopulation:
                     on_member()
         return out
 
-    def apply_update(self, iteration: int, update: Update) -> None:
+    def apply_update(self, iteration: int, update: Update) -> Update:
+        """Apply ``update`` if it applies; returns it, or it marked skipped when the weights refused it."""
         if update.applies:
-            self.params.apply_update(iteration, update.coefficients, update.scale)
+            if not self.params.apply_update(iteration, update.coefficients, update.scale):
+                return update.skipped(NON_FINITE_WEIGHTS)
             self.generator.sync_weights()
+        return update
+
+    def checkpointed(self, directory, step: int) -> None:
+        """The driver saved a checkpoint (nothing to do: the members live in this process)."""
 
     def close(self) -> None:
         """Release what the population holds (the hooks live only inside ``score``: nothing)."""

@@ -77,7 +77,7 @@ from evolm.backends import make_generator
 from evolm.errors import UserError
 from evolm.es import fused
 from evolm.es.engine import load_masters, save_masters, build_paramset, float32_model
-from evolm.es.population import LocalPopulation, MemberScores
+from evolm.es.population import NON_FINITE_WEIGHTS, LocalPopulation, MemberScores
 from evolm.es.update import Update
 from evolm.runs import load_weights
 
@@ -377,16 +377,19 @@ class RayPopulation:
                      "ray_members": {str(a): n for a, n in sorted(per_actor.items())}}
         return out
 
-    def apply_update(self, iteration: int, update) -> None:
+    def apply_update(self, iteration: int, update):
+        """Apply ``update`` on every replica and the driver; returns it, or it marked skipped when the
+        weights refused it (non-finite: every replica refuses it alike, so the checksums still agree)."""
         if not update.applies:
-            return
+            return update
         self._settle_starting()  # every live actor must receive every update
         coefficients, scale = [float(c) for c in update.coefficients], float(update.scale)
         futures = {handle.apply_update.remote(iteration, coefficients, scale): (aid, handle)
                    for aid, handle in self._actors.items()}
-        self.params.apply_update(iteration, coefficients, scale)  # the driver's replica, meanwhile
+        applied = self.params.apply_update(iteration, coefficients, scale)  # the driver's replica, meanwhile
         self.generator.sync_weights()
-        self._replay.append((iteration, coefficients, scale))
+        if applied:
+            self._replay.append((iteration, coefficients, scale))
         self._checksum = weights_checksum(self.params)
         for future, (aid, handle) in futures.items():
             try:
@@ -395,6 +398,7 @@ class RayPopulation:
                 self._on_death(aid, handle, e)  # the replacement replays this update too
                 continue
             self._check(aid, got, self._checksum, f"after update {iteration + 1}")
+        return update if applied else update.skipped(NON_FINITE_WEIGHTS)
 
     def checkpointed(self, directory: Path, step: int) -> None:
         """Replacements load this checkpoint and replay only later updates."""
