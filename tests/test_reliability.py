@@ -580,3 +580,13 @@ def test_a_run_whose_matched_budget_is_spent_has_nothing_to_resume(tmp_path, tok
            generator=HFGenerator(fresh, tokenizer, 16), quiet=True)
     assert [r["step"] for r in run.train_records()] == [1]
     assert {p.name: p.read_bytes() for p in run.path.iterdir() if p.is_file()} == before
+
+
+def test_config_and_resume_together_is_a_one_line_error(tmp_path, capsys):
+    """A resume reads the run's own config.toml: a --config beside it would be ignored, so it is refused."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[es]\niterations = 30\n")
+    assert main(["es", "--config", str(cfg), "--resume", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("evolm: error: --config and --resume together") and "--set es.iterations=N" in err
+    assert "\n" not in err

@@ -6,7 +6,7 @@ rebuilt bit-identically from its seed log (``evolm replay``) and evaluated like 
 (``evolm eval --like``): the same problems, samples and seeds, so the comparison is paired problem by
 problem at equal updates and equal rollouts.
 
-    python experiments/study/at_step.py runs/study/c1c2-es 60 runs/study/matched/c1c2-es-at-60
+    python experiments/study/at_step.py runs/study/c1c2-es 30 runs/study/matched/c1c2-es-at-30
 
 Writes OUT/{eval.json, eval.md, passk.png} (``eval.json`` carries ``matched``: the run, the update and
 what it had spent by then); skips the work when OUT/eval.json exists.

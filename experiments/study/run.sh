@@ -20,7 +20,7 @@ mkdir -p "$OUT"
 run_or_resume() {
   local kind=$1 config=$2 name=$3
   if [ -d "$OUT/$name" ]; then
-    "$PY" -m evolm "$kind" --config "$config" --resume "$OUT/$name" --set run.progress=false
+    "$PY" -m evolm "$kind" --resume "$OUT/$name" --set run.progress=false   # the run's own config.toml
   else
     "$PY" -m evolm "$kind" --config "$config" --set run.progress=false
   fi
@@ -47,9 +47,9 @@ single() {  # single NAME: one ES run of experiments/study/NAME.toml
 case "${1:-}" in
   c1c2) c1c2 ;;
   q1) single q1-es-norm-attention
-      "$PY" experiments/study/at_step.py "$OUT/c1c2-es" 60 "$OUT/matched/c1c2-es-at-60" ;;
+      "$PY" experiments/study/at_step.py "$OUT/c1c2-es" 30 "$OUT/matched/c1c2-es-at-30" ;;
   c8) single c8-es-antithetic
-      "$PY" experiments/study/at_step.py "$OUT/c1c2-es" 60 "$OUT/matched/c1c2-es-at-60" ;;
+      "$PY" experiments/study/at_step.py "$OUT/c1c2-es" 30 "$OUT/matched/c1c2-es-at-30" ;;
   collect) "$PY" experiments/study/collect.py "$OUT" docs/study ;;
   report) "$PY" -m evolm report --study experiments/study/claims.toml --out docs ;;
   *) echo "usage: $0 c1c2 | q1 | c8 | collect | report" >&2; exit 2 ;;
