@@ -39,3 +39,15 @@ def table(columns: Sequence[Any], rows: Sequence[Sequence[Any]], formatter: Call
     lines = ["| " + " | ".join(cell(c, formatter) for c in columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
     lines += ["| " + " | ".join(cell(c, formatter) for c in row) + " |" for row in rows]
     return "\n".join(lines) + "\n"
+
+
+def shown_path(path) -> str:
+    """A path as a report shows it: relative to the working directory when it lies inside it (a report
+    of committed files then names them as the repository does, not by one machine's absolute path)."""
+    from pathlib import Path
+
+    p = Path(path).resolve()
+    try:
+        return str(p.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)

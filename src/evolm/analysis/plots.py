@@ -23,6 +23,7 @@ import numpy as np
 
 from evolm.categories import CATEGORIES
 from evolm.document import Canvas, Figure, Section, Table
+from evolm.markdown import shown_path
 
 
 def report_section(kind: str, text: str, entries, canvas: Canvas, plot: Callable[[dict, Path], Path],
@@ -35,7 +36,7 @@ def report_section(kind: str, text: str, entries, canvas: Canvas, plot: Callable
     for label, path, result in entries:
         name = canvas.name(f"{kind}-{label}" if len(entries) > 1 else kind)
         plot(result, canvas.path(name))
-        sec.blocks.append(Figure(name, f"{title} ({label})", f"from {Path(path) / (kind + '.json')}"))
+        sec.blocks.append(Figure(name, f"{title} ({label})", f"from {shown_path(Path(path) / (kind + '.json'))}"))
         tables = table(result)
         sec.blocks.extend(tables if isinstance(tables, list) else [tables])
     return sec

@@ -36,6 +36,7 @@ from typing import Any, Callable, TypeVar
 
 from evolm.document import COLORS
 from evolm.errors import ConfigError, UserError
+from evolm.markdown import shown_path
 from evolm.runs import RunDir
 from evolm.sweep import summarize_sweep
 
@@ -55,8 +56,9 @@ class Reader:
 
     def note(self, paths) -> None:
         for p in paths:
-            if str(p) not in self.files:
-                self.files.append(str(p))
+            shown = shown_path(p)  # relative to the working directory when inside it
+            if shown not in self.files:
+                self.files.append(shown)
 
     def read(self, path: Path, read: Callable[[], T]) -> T:
         """``read()`` (e.g. a ``RunDir`` reader of ``path``); ``path`` is noted when it exists, and a file

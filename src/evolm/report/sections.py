@@ -31,6 +31,7 @@ import re
 
 from evolm.analysis import compression, diversity, drift, localisation, sparsity, update_variance
 from evolm.document import BASE_COLOR, Alert, Canvas, Section, Table, integer_x
+from evolm.markdown import shown_path
 from evolm.metrics import pass_at_k_curve
 from evolm.report.checks import analysis_warnings, passk_warnings
 from evolm.report.read import ANALYSIS_KINDS, Run, Sources
@@ -55,7 +56,7 @@ def _x_axis(ax, match: str) -> None:
 def runs_section(src: Sources) -> Section | None:
     if not src.runs:
         return None
-    rows = [[r.label, r.method, str(r.path), r.info.get("status"), r.config.get("model", {}).get("spec"),
+    rows = [[r.label, r.method, shown_path(r.path), r.info.get("status"), r.config.get("model", {}).get("spec"),
              r.config.get("task", {}).get("name"), len(r.train)] for r in src.runs]
     return Section("Runs", [Table(["label", "method", "directory", "status", "model", "task", "updates"], rows)])
 
