@@ -354,3 +354,14 @@ def test_the_committed_claims_file():
     # nothing committed yet: every row still renders, as "not run"
     out = study.evaluate_claims(claims, lambda p: json.loads(Path(p).read_text()), ROOT / "no-such-dir")
     assert {o.verdict for o in out} == {NOT_RUN}
+
+
+def test_float_noise_never_makes_an_interval_exclude_zero():
+    """Differences that cancel exactly (here 1/3 - 1/3 style fractions) must give an interval touching 0,
+    not one starting at +1e-17 that would turn 'equal' into 'contradicted'."""
+    from evolm.report.study import bootstrap_interval, interval_verdict
+
+    diffs = [0.1 + 0.2 - 0.3] * 40 + [1 / 3 - (1 - 2 / 3)] * 20 + [1 / 64, 0.0, 0.0, 0.0]
+    mean, lo, hi = bootstrap_interval(diffs)
+    assert lo == 0.0 and hi > 0
+    assert interval_verdict("equal", lo, hi, 64) != "contradicted"

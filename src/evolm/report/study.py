@@ -260,6 +260,10 @@ def problem_values(report: dict, metric: str) -> dict[str, float | None]:
     return out
 
 
+ROUND_DIGITS = 12
+"""Interval ends and means are rounded to this many decimals before any verdict compares them with 0."""
+
+
 def bootstrap_interval(diffs: Sequence[float], resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED,
                        level: float = LEVEL) -> tuple[float, float, float]:
     """``(mean, lo, hi)``: the mean of the per-problem differences and the percentile interval of the mean over
@@ -270,7 +274,9 @@ def bootstrap_interval(diffs: Sequence[float], resamples: int = BOOTSTRAP_RESAMP
     idx = np.random.default_rng(seed).integers(0, d.size, size=(resamples, d.size))
     means = d[idx].mean(axis=1)
     lo, hi = np.percentile(means, [100 * (1 - level) / 2, 100 * (1 + level) / 2])
-    return float(d.mean()), float(lo), float(hi)
+    # the per-problem values are fractions (c/n, pass@k ratios); a resample whose differences cancel
+    # exactly can come out as +-1e-17 in float sums, which must not "exclude 0" (seen on C8: [6.9e-18, 0.021])
+    return tuple(round(float(x), ROUND_DIGITS) + 0.0 for x in (d.mean(), lo, hi))
 
 
 def bootstrap_curve(values: np.ndarray, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED,
