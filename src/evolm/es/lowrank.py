@@ -29,7 +29,7 @@ Design decisions:
   full weights ``W + s sigma A B^T / sqrt(r)``. That is the reference the batched forward
   (``evolm.es.member_forward``) is tested against, and what ``evolm.es.measure`` (diversity,
   update variance) uses on a low-rank run's config.
-- ``LowRankParamSet.apply_update`` does not materialise D dense directions: per matrix it is one
+- ``LowRankParamSet``'s update (``_add_update``, called by ``ParamSet.apply_update``) does not materialise D dense directions: per matrix it is one
   float32 GEMM ``[A_1 c_1, ..., A_D c_D] / sqrt(r) @ [B_1, ..., B_D]^T`` over row blocks, scaled,
   then added (``mul`` then ``add``, no fused multiply-add); vectors accumulate ``sum_d c_d eps_d``
   in float32 like the full-rank update. The order of operations is fixed, so replaying a seed log
@@ -170,27 +170,19 @@ class LowRankParamSet(ParamSet):
     def vector(self, k: int, iteration: int, direction: int) -> torch.Tensor:
         return self.noise.vector(iteration, direction, self.indices[k])
 
+    # apply_update is ParamSet's (refuses non-finite scales and coefficients, then a check pass, then the
+    # write); only the bound and the arithmetic of the update differ here.
+
+    def _provably_finite(self, coefficients: list[float], scale: float) -> bool:
+        """No cheap bound for ``|A B^T|``: always run the check pass (the GEMMs twice; the update is ~2% of
+        an iteration)."""
+        return False
+
     @torch.no_grad()
-    def apply_update(self, iteration: int, coefficients, scale: float) -> bool:
-        """``theta += scale * sum_d c_d E_d``: one float32 GEMM per matrix (rank <= D r), float32 sums for vectors.
-
-        Returns False, and changes nothing, when the update would make any weight non-finite: a first
-        pass computes every new value without writing (the GEMMs twice; the update is ~2% of an
-        iteration), the second writes the same values."""
-        if self._perturbed is not None:
-            raise RuntimeError("apply_update() while perturbed; restore() first")
-        coefficients = [float(c) for c in coefficients]
-        scale = float(scale)
-        if not (math.isfinite(scale) and all(math.isfinite(c) for c in coefficients)):
-            return False
+    def _add_update(self, iteration: int, coefficients: list[float], scale: float, write: bool) -> bool:
+        """``theta += scale * sum_d c_d E_d`` (``write``): one float32 GEMM per matrix (rank <= D r),
+        float32 sums for vectors; or only check that every new value would be finite (False if not)."""
         active = [(d, c) for d, c in enumerate(coefficients) if c != 0.0]
-        if not self._add_update(iteration, active, scale, write=False):
-            return False
-        self._add_update(iteration, active, scale, write=True)
-        return True
-
-    def _add_update(self, iteration: int, active: list[tuple[int, float]], scale: float, write: bool) -> bool:
-        """Add the update (``write``), or only check that every new value would be finite (False if not)."""
         root = math.sqrt(self.rank)
         for k, live in enumerate(self.tensors):
             target = self.masters[k] if self.masters is not None else live

@@ -1,7 +1,7 @@
 """The low-rank ES population: all members of an iteration scored in batched forward passes.
 
-``LowRankPopulation`` implements the engine's two population calls, ``score`` and ``apply_update``,
-like ``LocalPopulation``, and the engine picks it with ``es.perturbation = "lowrank"``. ``score``
+``LowRankPopulation`` is a ``LocalPopulation`` (same ``apply_update``, ``checkpointed``, ``close``) with
+its own ``score``, and the engine picks it with ``es.perturbation = "lowrank"``. ``score``
 splits the member layout into blocks of ``es.member_batch`` members (0: all N in one block), and for
 each block runs ONE ``generate`` per prompt batch over (members x prompts) rows
 (``evolm.backends.hf_members``) with the block's perturbations applied per row by hooks
@@ -18,14 +18,13 @@ import time
 from typing import Callable
 
 from evolm.backends.base import Generator, SamplingParams
-from evolm.es.population import NON_FINITE_WEIGHTS, MemberScores, score_completions
+from evolm.es.population import LocalPopulation, MemberScores
 from evolm.es.lowrank import LowRankParamSet
 from evolm.es.member_forward import MemberForward
-from evolm.es.update import Update
 from evolm.tasks.base import Example, Task
 
 
-class LowRankPopulation:
+class LowRankPopulation(LocalPopulation):
     """Scores ES members in batched forward passes over member-major rows (HF backend)."""
 
     def __init__(self, params: LowRankParamSet, generator: Generator, task: Task, member_batch: int = 0):
@@ -36,9 +35,7 @@ class LowRankPopulation:
         if not isinstance(generator, HFGenerator):
             raise ConfigError(f"es.perturbation='lowrank' batches members through the hf backend; "
                               f"generation.backend gives a {type(generator).__name__} (set generation.backend='hf' or es.perturbation='full')")
-        self.params = params
-        self.generator = generator
-        self.task = task
+        super().__init__(params, generator, task)
         self.member_batch = int(member_batch)
         self.forward = MemberForward(generator.model, params)
         self.batched = HFMemberGenerator(generator)
@@ -59,26 +56,7 @@ class LowRankPopulation:
             out.seconds["generate"] += t2 - t1
             out.seconds["restore"] += t3 - t2
             for j, completions in enumerate(results):
-                fitness, error = score_completions(self.task, examples, completions)
-                out.fitness.append(fitness)
-                if error:
-                    out.errors[start + j] = error
-                out.gen_sequences += sum(len(c) for c in completions)
-                out.gen_tokens += sum(x.num_tokens for c in completions for x in c)
+                out.add(start + j, self.task, examples, completions)
                 if on_member:
                     on_member()
         return out
-
-    def apply_update(self, iteration: int, update: Update) -> Update:
-        """Apply ``update`` if it applies; returns it, or it marked skipped when the weights refused it."""
-        if update.applies:
-            if not self.params.apply_update(iteration, update.coefficients, update.scale):
-                return update.skipped(NON_FINITE_WEIGHTS)
-            self.generator.sync_weights()
-        return update
-
-    def checkpointed(self, directory, step: int) -> None:
-        """The driver saved a checkpoint (nothing to do: the members live in this process)."""
-
-    def close(self) -> None:
-        """Release what the population holds (the hooks live only inside ``score``: nothing)."""

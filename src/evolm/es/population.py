@@ -50,6 +50,15 @@ class MemberScores:
     extra: dict = field(default_factory=dict)
     """Population-specific counters logged with the update (a Ray population: actors, restarts)."""
 
+    def add(self, member: int, task: Task, examples: list[Example], completions) -> None:
+        """Record member ``member``'s fitness (``score_completions``), its reward error if any, and what it generated."""
+        fitness, error = score_completions(task, examples, completions)
+        self.fitness.append(fitness)
+        if error:
+            self.errors[member] = error
+        self.gen_sequences += sum(len(c) for c in completions)
+        self.gen_tokens += sum(x.num_tokens for c in completions for x in c)
+
 
 def score_completions(task: Task, examples: list[Example], completions) -> tuple[float, str | None]:
     """Mean reward over all completions of all examples; a reward that raises gives NaN and its message."""
@@ -83,15 +92,10 @@ class LocalPopulation:
             self.params.restore()
             self.generator.sync_weights()
             t3 = time.perf_counter()
-            fitness, error = score_completions(self.task, examples, completions)
-            out.fitness.append(fitness)
-            if error:
-                out.errors[m] = error
+            out.add(m, self.task, examples, completions)
             out.seconds["perturb"] += t1 - t0
             out.seconds["generate"] += t2 - t1
             out.seconds["restore"] += t3 - t2
-            out.gen_sequences += sum(len(c) for c in completions)
-            out.gen_tokens += sum(x.num_tokens for c in completions for x in c)
             if on_member:
                 on_member()
         return out
@@ -105,10 +109,11 @@ class LocalPopulation:
         return update
 
     def checkpointed(self, directory, step: int) -> None:
-        """The driver saved a checkpoint of the current weights (a Ray population restarts actors from it)."""
+        """The driver saved a checkpoint of the current weights (a Ray population restarts actors from it;
+        the members of an in-process population live here: nothing to do)."""
 
     def close(self) -> None:
-        """Release what the population holds (nothing for a local one)."""
+        """Release what the population holds (nothing for a population in this process)."""
 
 
 def make_population(cfg, params: ParamSet, generator: Generator, task: Task):
