@@ -103,6 +103,20 @@ def integer_x(ax) -> None:
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
+def passk_axes(ax, k_max: int) -> list[int]:
+    """The pass@k axes every report draws: k on a base-2 log axis with ticks at the powers of two up to
+    ``k_max``, pass@k linear from 0 to 1. Returns the ticks."""
+    ticks = [k for k in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512) if k <= k_max]
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ticks, [str(k) for k in ticks])
+    ax.minorticks_off()
+    ax.set_xlabel("k (samples, log scale)")
+    ax.set_ylabel("pass@k")
+    ax.set_ylim(0, 1.02)
+    ax.grid(alpha=0.3)
+    return ticks
+
+
 # -- rendering -----------------------------------------------------------------------------------------
 
 

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from evolm.document import COLORS, Canvas, Figure, Section, Table, render_markdown
+from evolm.document import COLORS, Canvas, Figure, Section, Table, passk_axes, render_markdown
 from evolm.metrics import pass_at_k_problem
 from evolm.report.read import ANALYSIS_KINDS, Reader, Sources, gather
 from evolm.report.sections import analysis_sections, budget_section, configured_match, cost_section, probe_section
@@ -196,14 +196,7 @@ def passk_sections(outcomes: list[ClaimOutcome], data: Path, read, canvas: Canva
             if before:
                 drawn[key] = row
         k_top = max(r["n"] for r in rows)
-        ticks = [k for k in (1, 2, 4, 8, 16, 32, 64, 128, 256) if k <= k_top]
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(ticks, [str(k) for k in ticks])
-        ax.minorticks_off()
-        ax.set_xlabel("k (samples, log scale)")
-        ax.set_ylabel("pass@k")
-        ax.set_ylim(0, 1.02)
-        ax.grid(alpha=0.3)
+        ticks = passk_axes(ax, k_top)
         ax.set_title(f"held-out pass@k ({', '.join(ids)})")
         ax.legend(fontsize=8)
         sec.blocks.append(canvas.save(fig, f"passk-{'-'.join(ids)}", f"held-out pass@k: {', '.join(ids)}",

@@ -30,7 +30,7 @@ from __future__ import annotations
 import re
 
 from evolm.analysis import compression, diversity, drift, localisation, sparsity, update_variance
-from evolm.document import BASE_COLOR, Alert, Canvas, Section, Table, integer_x
+from evolm.document import BASE_COLOR, Alert, Canvas, Section, Table, integer_x, passk_axes
 from evolm.markdown import shown_path
 from evolm.metrics import pass_at_k_curve
 from evolm.report.checks import analysis_warnings, passk_warnings
@@ -128,15 +128,7 @@ def passk_section(src: Sources, canvas: Canvas) -> Section | None:
     for task, chance in chances.items():
         ax.plot(range(1, len(chance) + 1), chance, ":", color="gray", lw=1.2,
                 label="chance" if len(tasks) == 1 else f"chance [{task}]")
-    ax.set_xscale("log", base=2)
-    kmax_plot = max(len(c[2]) for c in curves)
-    ticks = [k for k in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512) if k <= kmax_plot]
-    ax.set_xticks(ticks, [str(k) for k in ticks])
-    ax.minorticks_off()
-    ax.set_xlabel("k (samples, log scale)")
-    ax.set_ylabel("pass@k")
-    ax.set_ylim(0, 1.02)
-    ax.grid(alpha=0.3)
+    passk_axes(ax, max(len(c[2]) for c in curves))
     ax.set_title("held-out pass@k" + (f" on {tasks[0]}" if len(tasks) == 1 else ""))
     ax.legend(fontsize=8)
     sec.blocks.append(canvas.save(fig, "passk", "pass@k curves",
