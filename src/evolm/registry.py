@@ -13,7 +13,8 @@ from typing import Callable
 from evolm.config import ESJob
 from evolm.errors import UserError
 from evolm.grpo import GRPOJob
-from evolm.jobs import run_es, run_grpo
+from evolm.jobs import ES_RESUME, GRPO_RESUME, Resumable, run_es, run_grpo
+from evolm.pipeline import RESUME as PIPELINE_RESUME
 from evolm.pipeline import PipelineJob, run_pipeline
 
 
@@ -23,12 +24,14 @@ class JobKind:
     config_class: type
     run: Callable
     """``run(cfg, resume=None, **options) -> RunDir``."""
+    resume: Resumable
+    """What a resume of this kind may change (its budget field, ``jobs.resume_point``)."""
 
 
 JOBS: dict[str, JobKind] = {
-    "es": JobKind("es", ESJob, run_es),
-    "grpo": JobKind("grpo", GRPOJob, run_grpo),
-    "pipeline": JobKind("pipeline", PipelineJob, run_pipeline),
+    "es": JobKind("es", ESJob, run_es, ES_RESUME),
+    "grpo": JobKind("grpo", GRPOJob, run_grpo, GRPO_RESUME),
+    "pipeline": JobKind("pipeline", PipelineJob, run_pipeline, PIPELINE_RESUME),
 }
 
 

@@ -16,10 +16,6 @@ def add_config_args(p: argparse.ArgumentParser, example_set: str = "es.sigma=0.0
                    help=f"override a config field, e.g. --set {example_set} (repeatable; values are TOML literals)")
 
 
-BUDGET_FIELDS = {"es": "es.iterations", "grpo": "grpo.steps", "pipeline": "pipeline.budget"}
-"""The update budget of each job kind, named in the --config/--resume error."""
-
-
 def job_config(kind: str, args, verb: str | None = None):
     """``(cfg, resume)`` for a job verb: the config of ``--resume RUN_DIR`` (whose kind must be ``kind``)
     or of ``--config FILE``, with ``--set`` overrides applied and validated."""
@@ -31,7 +27,7 @@ def job_config(kind: str, args, verb: str | None = None):
         if getattr(args, "config", None):
             raise UserError(f"--config and --resume together: a resume continues from the run's own config.toml; "
                             f"leave out --config {args.config} and change what may change with --set (e.g. the "
-                            f"budget, --set {BUDGET_FIELDS.get(kind, 'es.iterations')}=N)")
+                            f"budget, --set {job.resume.budget_field}=N)")
         run = RunDir.open(args.resume)
         check_kind(run, kind)  # before parsing: another kind's config has sections this one lacks
         return config.load(job.config_class, run.config_path, args.overrides), run
