@@ -307,7 +307,15 @@ def test_compress_methods_and_table():
 
     table = compression.compression_table({"base": base, "es": trained}, ["none", "int8", "int4", "prune:0.5"], evaluate, base=base)
     rows = {(r["model"], r["method"]): r for r in table["rows"]}
-    assert len(rows) == 8
+    assert len(rows) == 8 and all("problems" not in r for r in rows.values())
+
+    def evaluate_with_problems(state):
+        return {**evaluate(state), "problems": [{"id": "p0", "greedy_correct": True}]}
+
+    table2 = compression.compression_table({"es": trained}, ["int8"], evaluate_with_problems, base=base)
+    assert table2["rows"][0]["problems"] == [{"id": "p0", "greedy_correct": True}]
+    assert "problems" not in table2["rows"][0]["metrics"]
+    assert compression.problems_file_name("es", "prune:0.5") == "es_prune-0.5.json"
     assert rows[("es", "none")]["relative_error"] == 0.0 and rows[("es", "none")]["error_to_update"] == 0.0
     assert "error_to_update" not in rows[("base", "int8")]
     assert 0 < rows[("es", "int8")]["relative_error"] < rows[("es", "int4")]["relative_error"]
@@ -435,6 +443,9 @@ def test_task_evaluator_scores_loaded_weights(tokenizer):
         assert m_base["greedy_pass@1"] == 1.0 and m_perturbed["greedy_pass@1"] < 1.0
         assert 0.0 <= m_base["pass@1"] <= m_base["pass@2"] <= 1.0 and m_base["num_examples"] == 4
         assert evaluator(base) == m_base  # common random numbers: same weights, same metrics
+        assert [p["id"] for p in m_base["problems"]] == [str(e.id) for e in examples]
+        assert all(p["greedy_correct"] for p in m_base["problems"]) and all(p["n"] == 4 for p in m_base["problems"])
+        assert sum(p["c"] for p in m_perturbed["problems"]) / 16 == pytest.approx(m_perturbed["pass@1"])
     finally:
         EchoTask.references = {}
     with pytest.raises(UserError):
@@ -538,6 +549,20 @@ def test_cli_compression(saved_models, tmp_path):
     assert all("pass@2" in row["metrics"] for row in r["rows"])
     assert r["categories"] == ["attention", "mlp"] and r["compressed_tensors"] == 14
     assert (tmp_path / "compression.png").exists()
+    # each row's per-problem results: an evaluation file the study pairs over problems (and not in the table)
+    assert all("problems" not in row for row in r["rows"])
+    row = next(row for row in r["rows"] if row["model"] == "es" and row["method"] == "prune:0.5")
+    assert row["problems_file"] == "compression/es_prune-0.5.json"
+    from evolm.report.study import problem_values, task_report
+
+    evaluation = json.loads((tmp_path / row["problems_file"]).read_text())
+    problems = evaluation["problems"]
+    assert len(problems) == 2 and all(p["n"] == 2 and 0 <= p["c"] <= 2 for p in problems)
+    assert sum(p["greedy_correct"] for p in problems) / 2 == row["metrics"]["greedy_pass@1"]
+    values = problem_values(task_report(evaluation, tmp_path / row["problems_file"]), "pass@2")
+    assert sum(values.values()) / 2 == pytest.approx(row["metrics"]["pass@2"])
+    none = json.loads((tmp_path / "compression" / "es_none.json").read_text())
+    assert [p["id"] for p in none["problems"]] == [p["id"] for p in problems]  # the same problems: pairable
 
 
 def test_cli_diversity_and_errors(tmp_path, capsys):

@@ -4,6 +4,8 @@
 #   bash experiments/study/run.sh c1c2     # C1 + C2 (+ C4, C5, C6 analyses of the same runs): ES and GRPO side by side
 #   bash experiments/study/run.sh q1       # Q1: ES on normalisation + attention parameters only (c1c2-es otherwise)
 #   bash experiments/study/run.sh c8       # C8: antithetic ES (c1c2-es otherwise)
+#   bash experiments/study/run.sh c9       # C9: GRPO then ES, half of each method's c1c2 update count
+#   bash experiments/study/run.sh c3       # C3: population vs centre coverage around c1c2-es's final weights
 #   bash experiments/study/run.sh collect  # copy the committed files (configs, logs, seed logs, eval JSON, analyses) to docs/study/
 #   bash experiments/study/run.sh report   # regenerate docs/REPRODUCTION.md from docs/study/ (evolm report --study)
 #
@@ -50,7 +52,10 @@ case "${1:-}" in
       "$PY" experiments/study/at_step.py "$OUT/c1c2-es" 30 "$OUT/matched/c1c2-es-at-30" ;;
   c8) single c8-es-antithetic
       "$PY" experiments/study/at_step.py "$OUT/c1c2-es" 30 "$OUT/matched/c1c2-es-at-30" ;;
+  c9) run_or_resume pipeline experiments/study/c9-pipeline-grpo-es.toml c9-pipeline-grpo-es > "$OUT/c9-pipeline-grpo-es.log" 2>&1 ;;
+  c3) [ -f "$OUT/analyses/c3/diversity.json" ] || "$PY" -m evolm analyze diversity --model "$OUT/c1c2-es" --count 64 \
+        --samples-per-member 4 --threads 1 --out "$OUT/analyses/c3" ;;
   collect) "$PY" experiments/study/collect.py "$OUT" docs/study ;;
   report) "$PY" -m evolm report --study experiments/study/claims.toml --out docs ;;
-  *) echo "usage: $0 c1c2 | q1 | c8 | collect | report" >&2; exit 2 ;;
+  *) echo "usage: $0 c1c2 | q1 | c8 | c9 | c3 | collect | report" >&2; exit 2 ;;
 esac

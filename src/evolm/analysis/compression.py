@@ -30,6 +30,10 @@ Design decisions:
   ``||C(θ) − θ|| / ||θ||`` over the compressed tensors and, for a trained model, how large that
   error is next to the training update in the same tensors (``error_to_update = ||C(θ) − θ|| / ||θ − θ0||``):
   above 1, compression moves those weights further than training did.
+- When ``evaluate`` returns per-problem results (``metrics["problems"]``, as ``TaskEvaluator`` does), they
+  leave the table (``compression.json`` stays one number per metric) and go to ``row["problems"]``;
+  ``evolm analyze compression`` writes each row's as an evaluation file (``compression/<model>_<method>.json``)
+  so that a robustness comparison (say ES int4 against ES uncompressed) gets a paired interval over problems.
 - The report section (``report_section``) lives here, next to the computation: every (model, method)
   row's metric, weight error, error / update and zero fraction, beside ``plots.plot_compression``.
 """
@@ -192,7 +196,7 @@ def compression_table(models: dict, methods, evaluate: sparsity.Evaluate, base: 
     """Evaluate every ``(label, state)`` in ``models`` under every method; ``base`` enables ``error_to_update``.
 
     Returns ``methods``, ``categories``, ``compressed_tensors`` (their count and parameter count) and
-    ``rows``: one ``{model, method, relative_error, zero_fraction, [error_to_update], metrics}`` per pair.
+    ``rows``: one ``{model, method, relative_error, zero_fraction, [error_to_update], metrics, [problems]}`` per pair.
     """
     for m in methods:
         parse_method(m)  # fail before any evaluation
@@ -205,7 +209,11 @@ def compression_table(models: dict, methods, evaluate: sparsity.Evaluate, base: 
             is_base = base is None or state is base
             row = {"model": label, "method": method,
                    **weight_error(state, compressed, None if is_base else base, names)}
-            row["metrics"] = evaluate(compressed)
+            metrics = dict(evaluate(compressed))
+            problems = metrics.pop("problems", None)
+            row["metrics"] = metrics
+            if problems is not None:
+                row["problems"] = problems
             rows.append(row)
     any_state = next(iter(models.values()))
     return {"methods": list(methods), "categories": list(categories), "matrices_only": matrices_only,
@@ -216,6 +224,11 @@ def compression_table(models: dict, methods, evaluate: sparsity.Evaluate, base: 
 # -- report --------------------------------------------------------------------------------------------
 
 REPORT_TEXT = "Fake-quantisation and magnitude pruning, re-evaluated on the target task (`evolm analyze compression`)."
+
+
+def problems_file_name(model: str, method: str) -> str:
+    """The evaluation file of one row: ``es_int4.json``, ``grpo_prune-0.5.json`` (``:`` is not portable in names)."""
+    return f"{model}_{method.replace(':', '-')}.json"
 
 
 def report_table(result: dict) -> Table:

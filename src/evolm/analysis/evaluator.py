@@ -19,6 +19,9 @@ Design decisions:
   per-problem records, no generation cache). pass@k is ``evolm.metrics.pass_at_k_problem``.
 - The examples are drawn once (``task.examples(split, limit, seed)``), so every variant sees the same
   prompts.
+- Each call also returns ``problems``: one ``{id, greedy_correct[, n, c]}`` per example, the per-problem
+  fields of an ``evolm eval`` report, so a caller can write an evaluation file that ``evolm report --study``
+  pairs over problems (an interval, not only a mean). Callers that keep only numbers pop it.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ class TaskEvaluator:
         greedy = self.generator.generate(self.prompts, SamplingParams(n=1, temperature=0.0, max_new_tokens=self.max_new_tokens))
         correct = [self.task.is_correct(c[0].text, e) for c, e in zip(greedy, self.examples)]
         metrics = {"greedy_pass@1": sum(correct) / len(correct) if correct else 0.0, "num_examples": len(correct)}
+        problems = [{"id": str(e.id), "greedy_correct": bool(ok)} for e, ok in zip(self.examples, correct)]
         if self.n > 0:
             params = SamplingParams(n=self.n, temperature=self.temperature, top_p=self.top_p,
                                     max_new_tokens=self.max_new_tokens, seed=self.seed)
@@ -64,4 +68,7 @@ class TaskEvaluator:
             for k in self.ks:
                 metrics[f"pass@{k}"] = sum(pass_at_k(self.n, c, k) for c in counts) / len(counts)
             metrics["samples_per_example"] = self.n
+            for p, c in zip(problems, counts):
+                p.update(n=self.n, c=int(c))
+        metrics["problems"] = problems
         return metrics

@@ -41,7 +41,7 @@ from pathlib import Path
 
 from evolm import config, models
 from evolm.analysis import plots
-from evolm.analysis.compression import compression_table, parse_method
+from evolm.analysis.compression import compression_table, parse_method, problems_file_name
 from evolm.analysis.diversity import diversity_report
 from evolm.analysis.drift import drift
 from evolm.analysis.evaluator import TaskEvaluator
@@ -372,12 +372,32 @@ def _cmd_compression(args) -> int:
                               matrices_only=not args.include_vectors)
     result.update(table)
     result["metric"] = args.metric
+    _write_row_problems(Path(args.out), result, setup=result["evaluation"])
     for row in table["rows"]:
         extra = f", error/update {row['error_to_update']:.3g}" if row.get("error_to_update") is not None else ""
         print(f"{row['model']:>10} {row['method']:>14}: {args.metric} {row['metrics'].get(args.metric)} "
               f"(weight error {row['relative_error']:.3g}{extra})")
     _report(*_write(args.out, "compression", result))
     return 0
+
+
+def _write_row_problems(out: Path, result: dict, setup: dict) -> None:
+    """Move each row's per-problem results to ``OUT/compression/<model>_<method>.json``, an evaluation file
+    (task, split, sampling, problems) that ``evolm report --study`` compares over problems; the row keeps its
+    name (``problems_file``)."""
+    folder = out / "compression"
+    for row in result["rows"]:
+        problems = row.pop("problems", None)
+        if problems is None:
+            continue
+        name = problems_file_name(row["model"], row["method"])
+        atomic_write_json(folder / name, {
+            "task": setup.get("task"), "split": setup.get("split"), "params": setup.get("task_params"),
+            "label": f"{row['model']} {row['method']}",
+            "sampling": {"n": setup.get("n"), "temperature": setup.get("temperature"),
+                         "max_new_tokens": setup.get("max_new_tokens"), "seed": setup.get("seed")},
+            "ks": setup.get("pass_k"), "summary": row["metrics"], "problems": problems})
+        row["problems_file"] = f"compression/{name}"
 
 
 def _cmd_diversity(args) -> int:
