@@ -89,6 +89,10 @@ def test_null_jsd_baseline_splits_the_centre():
     # two pseudo-members of two samples: prompt 0 -> p = (1, 0), prompt 1 -> (0.5, 0.5)
     assert null_js_divergence(center, 2, 2) == pytest.approx(verifier_js_divergence([[1.0, 0.5], [0.0, 0.5]]))
     assert null_js_divergence(center, 3, 2) is None
+    per = null_js_divergence(center, 2, 2, per_prompt=True)  # prompt 0: JSD of (1, 0) = ln 2; prompt 1: 0
+    assert per == pytest.approx([np.log(2), 0.0]) and np.mean(per) == pytest.approx(null_js_divergence(center, 2, 2))
+    r = diversity_report({"member_correct": [[[1, 1], [0, 1]], [[0, 0], [1, 0]]], "center_correct": center})
+    assert len(r["js_divergence_null_per_prompt"]) == len(r["js_divergence_per_prompt"]) == 2
 
 
 def test_update_subset_matches_apply_update(setup, tokenizer):

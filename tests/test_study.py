@@ -269,6 +269,38 @@ def test_value_tests_report_intervals_and_p_values(tmp_path):
         outcome(tmp_path, value("F", "analyses/c1c2/drift.json", "models.es.relative_distanc"))
 
 
+def test_per_problem_list_values_get_a_bootstrap_interval(tmp_path):
+    d = tmp_path / "data" / "analyses" / "c3"
+    d.mkdir(parents=True)
+    pop = [1.0] * 40 + [0.5] * 24
+    center = [0.5] * 64
+    js, null = [0.2] * 64, [0.05 + 0.3 * (i % 2) for i in range(64)]  # null averages 0.2: no excess
+    (d / "diversity.json").write_text(json.dumps({"population_per_prompt": pop, "center_per_prompt": center,
+                                                  "js": js, "null": null, "bad": [1, "x"]}))
+    minus = lambda path: f'minus = {{ file = "analyses/c3/diversity.json", path = "{path}" }}'  # noqa: E731
+    res = outcome(tmp_path, value("A", "analyses/c3/diversity.json", "population_per_prompt", threshold=0.0,
+                                  over=minus("center_per_prompt"))
+                  + value("B", "analyses/c3/diversity.json", "js", threshold=0.0, over=minus("null"))
+                  + value("C", "analyses/c3/diversity.json", "center_per_prompt", expect="<", threshold=0.4))
+    gap, excess, level = (r.tests[0] for r in res)
+    # 40 of 64 problems differ by 0.5, the rest by 0: mean 0.3125, bootstrap interval well above 0
+    assert gap.estimate == pytest.approx(40 * 0.5 / 64) and gap.interval[0] > 0 and gap.verdict == REPRODUCED
+    assert (gap.a, gap.b, gap.problems) == (pytest.approx(sum(pop) / 64), 0.5, 64)
+    assert "64 problems, 95% bootstrap" in study.describe(gap) and "− center_per_prompt" in gap.label
+    assert excess.estimate == pytest.approx(0.0) and excess.interval[0] < 0 < excess.interval[1]
+    assert excess.verdict == INCONCLUSIVE
+    assert level.verdict == CONTRADICTED and level.interval == [0.5, 0.5]  # a constant list: a zero-width interval
+    with pytest.raises(UserError, match="not a list of numbers"):
+        outcome(tmp_path, value("D", "analyses/c3/diversity.json", "bad", threshold=0.0))
+    (d / "short.json").write_text(json.dumps({"x": [0.1, 0.2]}))
+    with pytest.raises(UserError, match="minus needs the same problems"):
+        outcome(tmp_path, value("E", "analyses/c3/diversity.json", "js", threshold=0.0,
+                                over='minus = { file = "analyses/c3/short.json", path = "x" }'))
+    with pytest.raises(UserError, match="minus subtracts lists"):
+        outcome(tmp_path, value("F", "analyses/c3/short.json", "x.0", threshold=0.0,
+                                over='minus = { file = "analyses/c3/short.json", path = "x" }'))
+
+
 def test_claims_file_errors_are_one_line_configerrors(tmp_path):
     data = tmp_path / "data"
     cases = {
@@ -280,6 +312,10 @@ def test_claims_file_errors_are_one_line_configerrors(tmp_path):
         change("r", "pass@1", "up").replace('run = "r"\n', ''): 'needs run (e.g. run = "c1c2-es")',
         change("r", "pass@1", "up") + change("r", "pass@1", "up"): "the id C1 is used twice",
         '[[claim]]\nid = "X"\nclaim = "c"\nverdict = "reproduced"\n': "unknown config field 'claim[0].verdict'",
+        value("V", "a.json", "x", over='minus = { file = "a.json" }'): "minus needs file and path",
+        value("V", "a.json", "x", over='over = { file = "a.json", path = "y" }\nminus = { file = "a.json", path = "z" }'):
+            "takes over (a ratio of numbers) or minus",
+        change("r", "pass@1", "up") + 'minus = { file = "a.json", path = "z" }\n': "does not take minus",
     }
     for body, expected in cases.items():
         path = write_claims(tmp_path / "claims.toml", data, body)

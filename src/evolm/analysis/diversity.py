@@ -29,7 +29,9 @@ Design decisions:
   when the centre has at least M × m samples per prompt (M members, m samples each) the same
   statistic is computed on M disjoint groups of m centre samples (``js_divergence_null``): M copies
   of *one* policy, i.e. what sampling noise alone produces at this sample size. Diversity shows as
-  ``js_divergence`` above that baseline.
+  ``js_divergence`` above that baseline. Both are also kept per prompt (``js_divergence_per_prompt``,
+  ``js_divergence_null_per_prompt``), as are both coverages, so a reader can put a paired bootstrap
+  interval over prompts on the gap and on the excess over the baseline (``evolm report --study`` does).
 - Sampling each member (perturb, generate, restore) needs the ES engine and lives there
   (``evolm.es.measure.population_correctness``, run by ``evolm analyze diversity --model``); this
   module only turns measured correctness into numbers, a JSON file and a plot.
@@ -109,17 +111,18 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return pass_at_k_problem(n, c, k)
 
 
-def null_js_divergence(center_correct, members: int, samples_per_member: int) -> float | None:
+def null_js_divergence(center_correct, members: int, samples_per_member: int, per_prompt: bool = False):
     """The JS divergence of ``members`` pseudo-members that are all the centre: per prompt, the first
     ``members × samples_per_member`` centre samples are split into ``members`` disjoint groups of
     ``samples_per_member`` and their sample means go through ``verifier_js_divergence``. It is the
-    value sampling noise alone gives at this sample size (None when the centre has too few samples)."""
+    value sampling noise alone gives at this sample size (None when the centre has too few samples); per prompt
+    on request, so that the members' JSD can be paired with it prompt by prompt."""
     need = members * samples_per_member
     if members < 1 or samples_per_member < 1 or any(len(s) < need for s in center_correct):
         return None
     groups = np.array([np.asarray(s[:need], dtype=np.float64).reshape(members, samples_per_member).mean(axis=1)
                        for s in center_correct])  # [prompt][member]
-    return verifier_js_divergence(groups.T)
+    return verifier_js_divergence(groups.T, per_prompt=per_prompt)
 
 
 def diversity_from_samples(member_correct, center_correct, n_center: int | None = None) -> dict:
@@ -154,6 +157,8 @@ def diversity_from_samples(member_correct, center_correct, n_center: int | None 
     out["js_divergence_per_prompt"] = verifier_js_divergence(p, per_prompt=True)
     out["member_samples_per_prompt"] = int(min(s.size for m in members for s in m))
     out["js_divergence_null"] = null_js_divergence(center_correct, p.shape[0], out["member_samples_per_prompt"])
+    out["js_divergence_null_per_prompt"] = null_js_divergence(center_correct, p.shape[0],
+                                                              out["member_samples_per_prompt"], per_prompt=True)
     out["center_samples_per_prompt"] = int(min(s.size for s in center))
     out["member_accuracy"] = p.mean(axis=1).tolist()
     out["center_accuracy"] = float(q.mean())

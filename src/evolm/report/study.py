@@ -13,7 +13,8 @@ Three kinds of test:
   ``eval_after.json`` against ES evaluated at GRPO's rollout budget.
 - ``value``: one number or enrichment record in an analysis JSON (``drift.json``,
   ``localisation.json``, ``sparsity.json``), optionally divided by a second number (``over``),
-  against a threshold.
+  against a threshold; or a per-problem list (``diversity.json``'s ``population_per_prompt``), optionally
+  minus a second list of the same problems (``minus``), whose mean gets a bootstrap interval.
 
 Statistics (pure functions over what was read):
 
@@ -38,7 +39,9 @@ Statistics (pure functions over what was read):
   enrichment is past the threshold and outside the null interval on that side, contradicted when both
   hold on the other side). A plain number (a relative distance, a ratio of two, a fraction of
   coordinates) is a deterministic measurement of one run's weights: it is compared with the threshold
-  directly and shown as "exact (one run)".
+  directly and shown as "exact (one run)". A per-problem list (a sampled measurement, one value per
+  problem) is never compared as a bare mean: its mean (of the paired differences with ``minus``) gets the
+  same bootstrap interval over problems as a compare test, and the interval must clear the threshold.
 - "not run" when the claim or test sets ``not_run`` or an input file is missing. A claim is
   reproduced when every test is, contradicted when any test is, "not run" when no test ran, and
   inconclusive at this scale otherwise.
@@ -84,7 +87,7 @@ EXPECTS = {"change": ("up", "down", "not_down"), "compare": ("a_greater", "b_gre
 REQUIRED = {"change": ("run", "metric", "expect"), "compare": ("a", "b", "metric", "expect"),
             "value": ("file", "path", "expect", "threshold")}
 """The fields each kind of test needs."""
-OPTIONAL = {"change": ("task", "not_run"), "compare": ("task", "not_run"), "value": ("over", "not_run")}
+OPTIONAL = {"change": ("task", "not_run"), "compare": ("task", "not_run"), "value": ("over", "minus", "not_run")}
 """The fields each kind of test may set besides ``kind`` and its required ones."""
 EXAMPLES = {"run": 'run = "c1c2-es"', "metric": 'metric = "pass@1"', "a": 'a = "c1c2-grpo/eval_after.json"',
             "b": 'b = "matched/es-at-grpo-sequences/eval.json"', "file": 'file = "analyses/c1c2/drift.json"',
@@ -131,6 +134,9 @@ class ClaimTest:
     ``models.es.100.enrichment.by_category.norm``; list items by index). Keys that hold dots are matched whole."""
     over: ValueRef | None = None
     """value: a second number (``{file = ..., path = ...}``); the test reports value / over (a ratio)."""
+    minus: ValueRef | None = None
+    """value, when ``path`` is a per-problem list: a second list of the same problems (``{file = ..., path = ...}``),
+    subtracted problem by problem; the test reports the mean difference with its paired bootstrap interval."""
     threshold: float | None = None
     """value: what the value (or ratio, or enrichment) is compared with."""
     task: str = ""
@@ -212,7 +218,7 @@ def check_claims(claims: ClaimsFile, where: str) -> None:
             for f in REQUIRED[t.kind]:
                 if getattr(t, f) in ("", None):
                     raise ConfigError(f"{what} needs {f} (e.g. {EXAMPLES[f]})")
-            extra = [f for f in ("run", "metric", "a", "b", "file", "path", "over", "threshold", "task")
+            extra = [f for f in ("run", "metric", "a", "b", "file", "path", "over", "minus", "threshold", "task")
                      if f not in REQUIRED[t.kind] + OPTIONAL[t.kind] and getattr(t, f) not in ("", None)]
             if extra:
                 raise ConfigError(f"{what} does not take {', '.join(extra)}; a {t.kind} test takes "
@@ -227,6 +233,11 @@ def check_claims(claims: ClaimsFile, where: str) -> None:
             if t.over is not None and not (t.over.file and t.over.path):
                 raise ConfigError(f"{what}: over needs file and path (over = {{ file = \"analyses/c1c2/drift.json\", "
                                   "path = \"models.grpo.relative_distance\" }})")
+            if t.minus is not None and not (t.minus.file and t.minus.path):
+                raise ConfigError(f"{what}: minus needs file and path (minus = {{ file = \"analyses/c3/diversity.json\", "
+                                  "path = \"center_per_prompt\" }})")
+            if t.minus is not None and t.over is not None:
+                raise ConfigError(f"{what} takes over (a ratio of numbers) or minus (a difference of per-problem lists), not both")
 
 
 def load_claims(path: str | Path) -> ClaimsFile:
@@ -469,8 +480,33 @@ def _number(node: Any, where: str) -> float | None:
     return float(node)
 
 
+def _per_problem(node: Any, where: str) -> list[float]:
+    if not node or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in node):
+        raise UserError(f"{where} is not a list of numbers (one per problem); point the test's path at one, "
+                        "e.g. population_per_prompt")
+    return [float(x) for x in node]
+
+
+def _list_value(result: Outcome, test: ClaimTest, node: list, where: str, read: Callable[[Path], Any],
+                second: Path | None) -> Outcome:
+    """A per-problem list's mean (or the mean of its paired differences with ``minus``) with its bootstrap interval."""
+    values = _per_problem(node, where)
+    if second is not None:
+        other_where = f"{second}: {test.minus.path}"
+        other = _per_problem(lookup(read(second), test.minus.path, str(second)), other_where)
+        if len(other) != len(values):
+            raise UserError(f"{where} has {len(values)} problems but {other_where} has {len(other)}; minus needs "
+                            "the same problems in the same order")
+        result.a, result.b = sum(values) / len(values), sum(other) / len(other)
+        values = [x - y for x, y in zip(values, other)]
+    mean, lo, hi = bootstrap_interval(values)
+    result.estimate, result.interval, result.problems = mean, [lo, hi], len(values)
+    result.verdict = value_verdict(test.expect, mean, test.threshold, result.interval)
+    return result
+
+
 def _value(claim: str, test: ClaimTest, label: str, files: list[Path], read: Callable[[Path], Any]) -> Outcome:
-    path, over = files[0], (files[1] if test.over else None)
+    path, over = files[0], (files[1] if test.over or test.minus else None)
     result = Outcome(claim, test.kind, label, NOT_RUN, expect=test.expect, threshold=test.threshold,
                         files=[str(path)] + ([str(over)] if over else []))
     missing = [str(p) for p in [path] + ([over] if over else []) if not p.exists()]
@@ -479,6 +515,10 @@ def _value(claim: str, test: ClaimTest, label: str, files: list[Path], read: Cal
         return result
     node = lookup(read(path), test.path, str(path))
     where = f"{path}: {test.path}"
+    if isinstance(node, list):
+        return _list_value(result, test, node, where, read, over)
+    if test.minus is not None:
+        raise UserError(f"{where} is not a per-problem list; minus subtracts lists: drop minus or point path at a list")
     if isinstance(node, dict) and ("enrichment_interval" in node or "null_enrichment_interval" in node):
         if over is not None:
             raise UserError(f"{where} is an enrichment record; over divides numbers only: drop over or point path at a number")
@@ -520,7 +560,8 @@ def files_of(test: ClaimTest, data_dir: Path) -> list[Path]:
         return [data_dir / test.run / "eval_before.json", data_dir / test.run / "eval_after.json"]
     if test.kind == "compare":
         return [data_dir / test.a, data_dir / test.b]
-    return [data_dir / test.file] + ([data_dir / test.over.file] if test.over else [])
+    second = test.over or test.minus
+    return [data_dir / test.file] + ([data_dir / second.file] if second else [])
 
 
 def label_of(test: ClaimTest) -> str:
@@ -529,7 +570,7 @@ def label_of(test: ClaimTest) -> str:
         return f"{test.run} {test.metric}"
     if test.kind == "compare":
         return f"{test.metric} of {test.b} − {test.a}"
-    return test.path + (f" / {test.over.path}" if test.over else "")
+    return test.path + (f" / {test.over.path}" if test.over else f" − {test.minus.path}" if test.minus else "")
 
 
 def evaluate_test(claim: Claim, test: ClaimTest, data_dir: Path, read: Callable[[Path], Any]) -> Outcome:
@@ -576,6 +617,10 @@ def describe(r: Outcome) -> str:
                 f"({r.problems} problems; expected {r.expect.replace('_', ' ')}): {r.verdict}")
     if r.kind == "value" and r.estimate is not None:
         criterion = f"expected {r.expect} {r.threshold:g}"
+        if r.problems is not None and r.interval is not None:  # a per-problem list (minus a second one)
+            means = f"; means {r.a:.3f} − {r.b:.3f}" if r.a is not None and r.b is not None else ""
+            return (f"{r.label}: {_signed(r.estimate)} [{_signed(r.interval[0])}, {_signed(r.interval[1])}] (mean over "
+                    f"{r.problems} problems, 95% bootstrap{means}; {criterion}): {r.verdict}")
         if r.interval is not None:
             p = f", p {r.p:.3g}" if r.p is not None else ""
             return (f"{r.label}: enrichment {_g(r.estimate)} [{_g(r.interval[0])}, {_g(r.interval[1])}] (exact 95%; "
