@@ -301,6 +301,25 @@ def test_per_problem_list_values_get_a_bootstrap_interval(tmp_path):
                                 over='minus = { file = "analyses/c3/short.json", path = "x" }'))
 
 
+def test_compare_changes_from_own_baselines(tmp_path):
+    data = tmp_path / "data"
+    # a (GRPO-like): 0.5 -> 0.5 under compression; b (ES-like): 0.75 -> 0.25 on every problem
+    data.mkdir(parents=True, exist_ok=True)
+    for name, cs in {"a0": [8] * 64, "a1": [8] * 64, "b0": [12] * 64, "b1": [4] * 64}.items():
+        (data / f"{name}.json").write_text(json.dumps(run_eval("after", problems(cs))))
+    body = ('[[claim]]\nid = "Q"\nclaim = "c"\n\n[[claim.test]]\nkind = "compare"\na = "a1.json"\nb = "b1.json"\n'
+            'a_base = "a0.json"\nb_base = "b0.json"\nmetric = "pass@1"\nexpect = "a_greater"\n')
+    r = outcome(tmp_path, body)[0].tests[0]
+    assert r.estimate == pytest.approx(-0.5) and r.interval == [-0.5, -0.5] and r.verdict == REPRODUCED
+    assert (r.a, r.b) == (pytest.approx(0.0), pytest.approx(-0.5)) and len(r.files) == 4
+    assert "difference in changes" in study.describe(r) and "(b1.json − b0.json) − (a1.json − a0.json)" in r.label
+    (data / "b0.json").write_text(json.dumps(run_eval("after", problems([12] * 63))))
+    with pytest.raises(UserError, match="hold different problems"):
+        outcome(tmp_path, body)
+    with pytest.raises(ConfigError, match="a_base and b_base go together"):
+        load_claims(write_claims(tmp_path / "claims.toml", data, body.replace('b_base = "b0.json"\n', "")))
+
+
 def test_claims_file_errors_are_one_line_configerrors(tmp_path):
     data = tmp_path / "data"
     cases = {

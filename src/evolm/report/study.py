@@ -10,7 +10,9 @@ Three kinds of test:
 
 - ``change``: a run's ``eval_after.json`` against its ``eval_before.json`` on one metric.
 - ``compare``: two evaluation files (``a``, ``b``) measured on the same problems, e.g. GRPO's
-  ``eval_after.json`` against ES evaluated at GRPO's rollout budget.
+  ``eval_after.json`` against ES evaluated at GRPO's rollout budget; with ``a_base`` and ``b_base``, the two
+  sides' changes from their own baselines, (b − b_base) − (a − a_base) per problem (a difference in
+  differences: does int4 cost ES more than it costs GRPO?).
 - ``value``: one number or enrichment record in an analysis JSON (``drift.json``,
   ``localisation.json``, ``sparsity.json``), optionally divided by a second number (``over``),
   against a threshold; or a per-problem list (``diversity.json``'s ``population_per_prompt``), optionally
@@ -87,7 +89,7 @@ EXPECTS = {"change": ("up", "down", "not_down"), "compare": ("a_greater", "b_gre
 REQUIRED = {"change": ("run", "metric", "expect"), "compare": ("a", "b", "metric", "expect"),
             "value": ("file", "path", "expect", "threshold")}
 """The fields each kind of test needs."""
-OPTIONAL = {"change": ("task", "not_run"), "compare": ("task", "not_run"), "value": ("over", "minus", "not_run")}
+OPTIONAL = {"change": ("task", "not_run"), "compare": ("a_base", "b_base", "task", "not_run"), "value": ("over", "minus", "not_run")}
 """The fields each kind of test may set besides ``kind`` and its required ones."""
 EXAMPLES = {"run": 'run = "c1c2-es"', "metric": 'metric = "pass@1"', "a": 'a = "c1c2-grpo/eval_after.json"',
             "b": 'b = "matched/es-at-grpo-sequences/eval.json"', "file": 'file = "analyses/c1c2/drift.json"',
@@ -127,6 +129,11 @@ class ClaimTest:
     run's ``eval_before.json`` / ``eval_after.json``)."""
     b: str = ""
     """compare: the second evaluation file; the difference reported is b − a."""
+    a_base: str = ""
+    """compare: ``a``'s own baseline on the same problems (e.g. the uncompressed model); with ``b_base`` the test
+    compares changes, (b − b_base) − (a − a_base) per problem (e.g. whether ES loses more than GRPO under int4)."""
+    b_base: str = ""
+    """compare: ``b``'s own baseline on the same problems (set together with ``a_base``)."""
     file: str = ""
     """value: the JSON file, relative to the data directory (e.g. ``analyses/c1c2/localisation.json``)."""
     path: str = ""
@@ -218,7 +225,7 @@ def check_claims(claims: ClaimsFile, where: str) -> None:
             for f in REQUIRED[t.kind]:
                 if getattr(t, f) in ("", None):
                     raise ConfigError(f"{what} needs {f} (e.g. {EXAMPLES[f]})")
-            extra = [f for f in ("run", "metric", "a", "b", "file", "path", "over", "minus", "threshold", "task")
+            extra = [f for f in ("run", "metric", "a", "b", "a_base", "b_base", "file", "path", "over", "minus", "threshold", "task")
                      if f not in REQUIRED[t.kind] + OPTIONAL[t.kind] and getattr(t, f) not in ("", None)]
             if extra:
                 raise ConfigError(f"{what} does not take {', '.join(extra)}; a {t.kind} test takes "
@@ -236,6 +243,8 @@ def check_claims(claims: ClaimsFile, where: str) -> None:
             if t.minus is not None and not (t.minus.file and t.minus.path):
                 raise ConfigError(f"{what}: minus needs file and path (minus = {{ file = \"analyses/c3/diversity.json\", "
                                   "path = \"center_per_prompt\" }})")
+            if bool(t.a_base) != bool(t.b_base):
+                raise ConfigError(f"{what}: a_base and b_base go together (each side's change from its own baseline)")
             if t.minus is not None and t.over is not None:
                 raise ConfigError(f"{what} takes over (a ratio of numbers) or minus (a difference of per-problem lists), not both")
 
@@ -447,21 +456,37 @@ def _values(path: Path, metric: str, task: str, read: Callable[[Path], Any]) -> 
         raise UserError(f"{path}: {e}") from None
 
 
-def _paired(claim: str, test: ClaimTest, label: str, a_path: Path, b_path: Path, read: Callable[[Path], Any]) -> Outcome:
-    result = Outcome(claim, test.kind, label, NOT_RUN, expect=test.expect, files=[str(a_path), str(b_path)])
-    missing = [str(p) for p in (a_path, b_path) if not p.exists()]
-    if missing:
-        result.detail = f"{' and '.join(missing)} missing"
-        return result
-    va, vb = _values(a_path, test.metric, test.task, read), _values(b_path, test.metric, test.task, read)
-    if set(va) != set(vb):
-        only_a, only_b = sorted(set(va) - set(vb)), sorted(set(vb) - set(va))
+def _same_problems(a: dict, b: dict, a_path: Path, b_path: Path) -> None:
+    if set(a) != set(b):
+        only_a, only_b = sorted(set(a) - set(b)), sorted(set(b) - set(a))
         raise UserError(f"{a_path} and {b_path} hold different problems ({len(only_a)} only in the first, "
                         f"{len(only_b)} only in the second, e.g. '{(only_a or only_b)[0]}'); a paired comparison "
                         "needs the same held-out problems (evolm eval --like RUN)")
+
+
+def _minus(x: dict, base: dict) -> dict:
+    """Per problem ``x − base`` (None where either is)."""
+    return {i: None if x[i] is None or base[i] is None else x[i] - base[i] for i in x}
+
+
+def _paired(claim: str, test: ClaimTest, label: str, paths: list[Path], read: Callable[[Path], Any]) -> Outcome:
+    """compare: b − a per problem; with ``a_base`` / ``b_base`` (``paths[2:]``), (b − b_base) − (a − a_base)."""
+    a_path, b_path = paths[0], paths[1]
+    result = Outcome(claim, test.kind, label, NOT_RUN, expect=test.expect, files=[str(p) for p in paths])
+    missing = [str(p) for p in paths if not p.exists()]
+    if missing:
+        result.detail = f"{' and '.join(missing)} missing"
+        return result
+    va, vb = (_values(p, test.metric, test.task, read) for p in (a_path, b_path))
+    _same_problems(va, vb, a_path, b_path)
+    if len(paths) == 4:  # each side's change from its own base, on the same problems
+        for side, base in ((a_path, paths[2]), (b_path, paths[3])):
+            _same_problems(va, _values(base, test.metric, test.task, read), side, base)
+        va = _minus(va, _values(paths[2], test.metric, test.task, read))
+        vb = _minus(vb, _values(paths[3], test.metric, test.task, read))
     pairs = [(va[i], vb[i]) for i in va if va[i] is not None and vb[i] is not None]
     if not pairs:
-        result.detail = f"no per-problem {test.metric} in {a_path} or {b_path}"
+        result.detail = f"no per-problem {test.metric} in {' or '.join(map(str, paths))}"
         return result
     diffs = [y - x for x, y in pairs]
     mean, lo, hi = bootstrap_interval(diffs)
@@ -559,7 +584,7 @@ def files_of(test: ClaimTest, data_dir: Path) -> list[Path]:
     if test.kind == "change":
         return [data_dir / test.run / "eval_before.json", data_dir / test.run / "eval_after.json"]
     if test.kind == "compare":
-        return [data_dir / test.a, data_dir / test.b]
+        return [data_dir / f for f in (test.a, test.b, test.a_base, test.b_base) if f]
     second = test.over or test.minus
     return [data_dir / test.file] + ([data_dir / second.file] if second else [])
 
@@ -568,6 +593,8 @@ def label_of(test: ClaimTest) -> str:
     """What a test measures, in a few words (e.g. ``c1c2-grpo pass@1``, ``pass@16: b − a``)."""
     if test.kind == "change":
         return f"{test.run} {test.metric}"
+    if test.kind == "compare" and test.a_base:
+        return f"{test.metric} of ({test.b} − {test.b_base}) − ({test.a} − {test.a_base})"
     if test.kind == "compare":
         return f"{test.metric} of {test.b} − {test.a}"
     return test.path + (f" / {test.over.path}" if test.over else f" − {test.minus.path}" if test.minus else "")
@@ -581,7 +608,7 @@ def evaluate_test(claim: Claim, test: ClaimTest, data_dir: Path, read: Callable[
                        detail=test.not_run or claim.not_run, files=[str(f) for f in files])
     if test.kind == "value":
         return _value(claim.id, test, label, files, read)
-    return _paired(claim.id, test, label, files[0], files[1], read)
+    return _paired(claim.id, test, label, files, read)
 
 
 def evaluate_claims(claims: ClaimsFile, read: Callable[[Path], Any], data_dir: str | Path | None = None) -> list[ClaimOutcome]:
@@ -613,6 +640,8 @@ def describe(r: Outcome) -> str:
     if r.kind in ("change", "compare") and r.estimate is not None:
         arrow = f"{r.a:.3f} → {r.b:.3f}" if r.kind == "change" else f"a {r.a:.3f}, b {r.b:.3f}"
         diff = "after − before" if r.kind == "change" else "b − a"
+        if r.kind == "compare" and len(r.files) == 4:
+            arrow, diff = f"a − a_base {_signed(r.a)}, b − b_base {_signed(r.b)}", "difference in changes"
         return (f"{r.label} {arrow}: {diff} {_signed(r.estimate)} [{_signed(r.interval[0])}, {_signed(r.interval[1])}] "
                 f"({r.problems} problems; expected {r.expect.replace('_', ' ')}): {r.verdict}")
     if r.kind == "value" and r.estimate is not None:
