@@ -91,16 +91,25 @@ def tiny_dir(tmp_path_factory, tokenizer):
 @pytest.fixture(scope="module")
 def ray_instance():
     """One private Ray instance for the module (run_es uses an initialised Ray as it is)."""
-    import logging
-
     ray = pytest.importorskip("ray")
     # Ray's memory monitor kills workers when the *machine* passes 95% memory, whoever holds it; on a
     # shared developer machine that is other people's jobs. The tests are about evolm, not that policy.
     os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")
-    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level=logging.ERROR,
-             object_store_memory=128 * 1024 * 1024)
+    from evolm.es.ray_population import _connect
+
+    assert _connect(ray, "", num_cpus=2)  # the private instance evolm starts (distributed.address = "")
     yield ray
     ray.shutdown()
+
+
+@pytest.mark.ray
+def test_private_instance_runs_workers_at_the_drivers_priority(ray_instance):
+    # Ray's default worker_niceness is 15: beside other jobs its actors got ~5% of a core (docs/distributed.md)
+    @ray_instance.remote
+    def niceness():
+        return os.nice(0)
+
+    assert ray_instance.get(niceness.remote()) == os.nice(0)
 
 
 def _cfg(root: Path, spec: Path, workers: int, **overrides) -> config.ESJob:

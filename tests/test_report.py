@@ -326,3 +326,31 @@ def test_analysis_warnings_name_all_zero_and_small_results():
     assert "only 8 problems" in analysis_warnings("sparsity", {"models": {"es": {"num_nonzero": 3}},
                                                                "evaluation": {"num_examples": 8}})[0]
     assert analysis_warnings("diversity", {"population": 0.0, "center": 0.0, "num_prompts": 40})[0].startswith("all-zero")
+
+
+def _probe_run(label, method, probes, seconds_per_update):
+    from evolm.report.read import Run
+
+    train = [{"step": s, "kind": "train", "seconds_total": seconds_per_update * s, "gen_sequences_total": 32 * s,
+              "gen_tokens_total": 300 * s, "peak_rss_mb": 1000.0 + s} for s in range(1, max(probes) + 1)]
+    return Run(label=label, path=Path(label), kind=method, info={}, config={}, train=train,
+               probes=[{"step": s, "task": "arithmetic", "pass@1": v} for s, v in probes.items()])
+
+
+def test_cost_at_matched_quality_uses_the_lowest_best_probe():
+    from evolm.document import Table
+    from evolm.report.sections import matched_quality
+
+    grpo = _probe_run("grpo", "grpo", {0: 0.1, 5: 0.5, 10: 0.6}, 60.0)
+    es = _probe_run("es", "es", {0: 0.1, 5: 0.15, 10: 0.3, 15: 0.25}, 40.0)
+    words, table = matched_quality([grpo, es])
+    assert "first reached 0.3" in words and "(update 0: 0.1)" in words
+    assert isinstance(table, Table)
+    rows = {r[0]: r for r in table.rows}
+    assert rows["grpo"][2:] == [5, 300.0, 160.0, 1500.0, 1005.0]   # GRPO's first probe at or above 0.3
+    assert rows["es"][2:] == [10, 400.0, 320.0, 3000.0, 1010.0]
+    # no run improves on the update-0 level: nothing to match, and the page says so
+    flat = _probe_run("flat", "es", {0: 0.4, 5: 0.2}, 40.0)
+    (only,) = matched_quality([grpo, flat])
+    assert "does not exceed the update-0 probe (0.4)" in only
+    assert matched_quality([grpo]) is None

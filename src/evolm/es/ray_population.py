@@ -50,8 +50,8 @@ Design decisions:
   filesystem) and evolm, with the same torch and NumPy versions, must be installed on every node.
 - **Ray itself.** ``distributed.address = ""`` starts a private local instance (``address="local"``,
   so a cluster started with ``ray start`` on the machine is never joined by accident; no dashboard;
-  ``workers x threads`` CPUs; a small object store, since only scalars and prompts travel) and shuts it
-  down on ``close``; ``"auto"``, ``"ray://..."`` or ``HOST:PORT`` join an existing cluster. A Ray
+  ``workers x threads`` CPUs; a small object store, since only scalars and prompts travel; actors at the
+  driver's priority, ``WORKER_NICENESS``) and shuts it down on ``close``; ``"auto"``, ``"ray://..."`` or ``HOST:PORT`` join an existing cluster. A Ray
   already initialised in the process (a notebook, a test fixture) is used as it is and left running.
 """
 
@@ -83,6 +83,11 @@ from evolm.runs import load_weights
 
 OBJECT_STORE_BYTES = 256 * 1024 * 1024
 """Object store of a private local Ray instance: per iteration only the prompts travel through it."""
+WORKER_NICENESS = 0
+"""Nice value of a private local instance's workers. Ray starts workers at nice 15 by default (its
+``worker_niceness``), which on a machine shared with other jobs left the actors, who do all the
+scoring, with the CPU the other jobs did not want (measured here: ~5% of a core beside two busy
+processes); an existing cluster keeps its own setting."""
 
 
 class DistributedError(UserError):
@@ -209,7 +214,7 @@ def _connect(ray, address: str, num_cpus: int) -> bool:
     try:
         if not address:
             ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, logging_level=logging.ERROR,
-                     object_store_memory=OBJECT_STORE_BYTES)
+                     object_store_memory=OBJECT_STORE_BYTES, _system_config={"worker_niceness": WORKER_NICENESS})
         else:
             ray.init(address=address, logging_level=logging.ERROR)
     except (ConnectionError, RuntimeError, ValueError) as e:

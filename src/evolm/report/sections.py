@@ -28,6 +28,7 @@ Design decisions:
 from __future__ import annotations
 
 import re
+from typing import Sequence
 
 from evolm.analysis import compression, diversity, drift, localisation, sparsity, update_variance
 from evolm.document import BASE_COLOR, Alert, Canvas, Section, Table, integer_x, passk_axes
@@ -250,11 +251,57 @@ def cost_section(src: Sources) -> Section | None:
                      sum(tok) if tok else None, max(rss) if rss else None, max((r.get("peak_gpu_mb") or 0 for r in train), default=0) or None])
     if not rows:
         return None
-    return Section("Cost", ["Per-update cost from the training records: wall seconds of an update (generation, "
-                            "perturbation and update; probes and checkpoints excluded), sequences and tokens generated, "
-                            "and the process's peak resident memory.",
-                            Table(["run", "method", "updates", "s / update", "total s", "sequences / update",
-                                   "gen tokens / update", "gen tokens total", "peak RSS MB", "peak GPU MB"], rows)])
+    sec = Section("Cost", ["Per-update cost from the training records: wall seconds of an update (generation, "
+                           "perturbation and update; probes and checkpoints excluded), sequences and tokens generated, "
+                           "and the process's peak resident memory.",
+                           Table(["run", "method", "updates", "s / update", "total s", "sequences / update",
+                                  "gen tokens / update", "gen tokens total", "peak RSS MB", "peak GPU MB"], rows)])
+    matched = matched_quality(src.runs)
+    if matched is not None:
+        sec.blocks += matched
+    return sec
+
+
+def _probe_series(run: Run, task: str, metric: str) -> list[tuple[int, float]]:
+    return sorted((int(p["step"]), float(p[metric])) for p in run.probes
+                  if p.get("task") == task and p.get(metric) is not None)
+
+
+def matched_quality(runs: Sequence[Run], metric: str = "pass@1") -> list | None:
+    """Cost at matched quality: what each run had spent when its probe ``metric`` first reached a level every
+    run reached. The level is the lowest of the runs' best probe values after update 0 (so each run reaches
+    it); it must lie above every run's update-0 probe, else no run improved on a common level and there is
+    nothing to match (a sentence says so). Runs are those with probes on the first run's probe task.
+    Resolution is the probe interval, and a probe is a sample (its own problems and seed), so a noisy probe
+    can cross the level early: the table names the update at which it did."""
+    with_probes = [r for r in runs if r.train and r.probes]
+    if len(with_probes) < 2:
+        return None
+    task = next((p.get("task") for p in with_probes[0].probes if p.get("task")), None)
+    series = {r.label: _probe_series(r, task, metric) for r in with_probes}
+    series = {k: v for k, v in series.items() if any(step > 0 for step, _ in v)}
+    if len(series) < 2:
+        return None
+    start = max((v for s in series.values() for step, v in s if step == 0), default=None)
+    level = min(max(v for step, v in s if step > 0) for s in series.values())
+    words = (f"Cost at matched quality: what each run had spent when its held-out probe {metric} on {task} first "
+             f"reached {level:.3g}, the lowest of the runs' best probe values (so that every run reaches it)")
+    if start is not None and level <= start:
+        return [words + f"; it does not exceed the update-0 probe ({start:.3g}), so no common improvement can be "
+                "matched here."]
+    rows = []
+    for run in with_probes:
+        if run.label not in series:
+            continue
+        step = next(st for st, v in series[run.label] if st > 0 and v >= level)
+        upto = [r for r in run.train if int(r["step"]) <= step]
+        rss = [r["peak_rss_mb"] for r in upto if r.get("peak_rss_mb") is not None]
+        rows.append([run.label, run.method, step, spent_by_step(run, "seconds").get(step),
+                     spent_by_step(run, "sequences").get(step), spent_by_step(run, "tokens").get(step),
+                     max(rss) if rss else None])
+    return [words + (f" (update 0: {start:.3g})" if start is not None else "") + ". The update is known to the probe "
+            "interval, and a probe is a sample (its own problems and seed): a noisy probe can cross early.",
+            Table(["run", "method", "update reached", "update seconds", "sequences", "gen tokens", "peak RSS MB"], rows)]
 
 
 def completion_limits(run: Run) -> dict[str, int | None]:
