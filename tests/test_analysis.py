@@ -523,6 +523,15 @@ def test_cli_sparsity_curve_with_seed_log(saved_models, tmp_path):
     assert r["evaluation"]["task"] == "analysis-test-echo" and r["evaluation"]["max_new_tokens"] == 4
     assert all("greedy_pass@1" in p["metrics"] for p in m["points"]) and set(m["reference"]) == {"base", "trained"}
     assert (out / "sparsity.png").exists()
+    # each thresholded model's per-problem results: evaluation files the study pairs (masked vs trained)
+    assert [p["problems_file"] for p in m["points"]] == [f"sparsity/es_run_x{x}.json" for x in (1, 100, 10000)]
+    assert m["reference_files"] == {"base": "sparsity/es_run_base.json", "trained": "sparsity/es_run_trained.json"}
+    assert all("problems" not in p["metrics"] for p in m["points"]) and "problems" not in m["reference"]["base"]
+    for f in [p["problems_file"] for p in m["points"]] + list(m["reference_files"].values()):
+        evaluation = json.loads((out / f).read_text())
+        assert len(evaluation["problems"]) == 3 and all("greedy_correct" in q for q in evaluation["problems"])
+    x1 = json.loads((out / "sparsity" / "es_run_x1.json").read_text())
+    assert sum(q["greedy_correct"] for q in x1["problems"]) / 3 == m["points"][0]["metrics"]["greedy_pass@1"]
 
 
 def test_cli_sparsity_no_eval_needs_a_scale(saved_models, tmp_path, capsys):
@@ -598,3 +607,20 @@ def test_real_smollm2_drift_localisation_and_weight_swap():
     load_into_model(model, trained)
     assert torch.equal(model.model.layers[3].input_layernorm.weight, trained["model.layers.3.input_layernorm.weight"])
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+
+
+def test_curve_problem_files_with_a_shared_base(tmp_path):
+    from evolm.commands.analyze import _write_curve_problems
+
+    def metrics(v):
+        return {"greedy_pass@1": v, "problems": [{"id": "p0", "greedy_correct": bool(v)}]}
+
+    base = metrics(0.0)  # one base's metrics object, shared by both models (as _cmd_sparsity builds them)
+    result = {"models": {m: {"points": [{"multiplier": 0.5, "metrics": metrics(1.0)}],
+                             "reference": {"base": base, "trained": metrics(1.0)}} for m in ("es", "grpo")}}
+    _write_curve_problems(tmp_path, result, {"task": "t", "n": 0})
+    assert result["models"]["es"]["reference_files"]["base"] == "sparsity/es_base.json"
+    assert result["models"]["grpo"]["reference_files"] == {"base": "sparsity/es_base.json",
+                                                           "trained": "sparsity/grpo_trained.json"}
+    assert result["models"]["grpo"]["points"][0]["problems_file"] == "sparsity/grpo_x0.5.json"
+    assert json.loads((tmp_path / "sparsity" / "es_base.json").read_text())["problems"] == [{"id": "p0", "greedy_correct": False}]

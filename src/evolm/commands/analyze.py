@@ -349,6 +349,8 @@ def _cmd_sparsity(args) -> int:
         print(f"{label}: {line}")
         for p in r.get("points", []):
             print(f"  τ={p['tau']:.3g} keeps {p['kept_fraction']:.2%} of coordinates: {args.metric} {p['metrics'].get(args.metric)}")
+    if evaluator is not None:
+        _write_curve_problems(Path(args.out), result, result["evaluation"])
     _report(*_write(args.out, "sparsity", result))
     return 0
 
@@ -381,23 +383,46 @@ def _cmd_compression(args) -> int:
     return 0
 
 
+def _write_problems(out: Path, relative: str, label: str, problems: list, summary: dict, setup: dict) -> str:
+    """Write one re-evaluation's per-problem results to ``OUT/<relative>``: an evaluation file (task, split,
+    sampling, problems, in ``evolm eval``'s per-problem format) that ``evolm report --study`` compares over
+    problems. Returns ``relative``, which the analysis JSON records in place of the list."""
+    atomic_write_json(out / relative, {
+        "task": setup.get("task"), "split": setup.get("split"), "params": setup.get("task_params"), "label": label,
+        "sampling": {"n": setup.get("n"), "temperature": setup.get("temperature"),
+                     "max_new_tokens": setup.get("max_new_tokens"), "seed": setup.get("seed")},
+        "ks": setup.get("pass_k"), "summary": summary, "problems": problems})
+    return relative
+
+
 def _write_row_problems(out: Path, result: dict, setup: dict) -> None:
-    """Move each row's per-problem results to ``OUT/compression/<model>_<method>.json``, an evaluation file
-    (task, split, sampling, problems) that ``evolm report --study`` compares over problems; the row keeps its
-    name (``problems_file``)."""
-    folder = out / "compression"
+    """Each compression row's per-problem results to ``OUT/compression/<model>_<method>.json`` (``problems_file``)."""
     for row in result["rows"]:
         problems = row.pop("problems", None)
-        if problems is None:
-            continue
-        name = problems_file_name(row["model"], row["method"])
-        atomic_write_json(folder / name, {
-            "task": setup.get("task"), "split": setup.get("split"), "params": setup.get("task_params"),
-            "label": f"{row['model']} {row['method']}",
-            "sampling": {"n": setup.get("n"), "temperature": setup.get("temperature"),
-                         "max_new_tokens": setup.get("max_new_tokens"), "seed": setup.get("seed")},
-            "ks": setup.get("pass_k"), "summary": row["metrics"], "problems": problems})
-        row["problems_file"] = f"compression/{name}"
+        if problems is not None:
+            row["problems_file"] = _write_problems(out, f"compression/{problems_file_name(row['model'], row['method'])}",
+                                                   f"{row['model']} {row['method']}", problems, row["metrics"], setup)
+
+
+def _write_curve_problems(out: Path, result: dict, setup: dict) -> None:
+    """Each sparsity evaluation's per-problem results to ``OUT/sparsity/<model>_<point>.json`` (``problems_file``
+    beside its metrics): the thresholded models by multiplier (``es_x1.json``; by index without multipliers)
+    and the two end points (``es_base.json``, ``es_trained.json``)."""
+    written: dict[int, str] = {}  # one base's metrics are shared by every model compared with it
+    for label, m in result["models"].items():
+        named = [(f"x{p['multiplier']:g}" if p.get("multiplier") is not None else f"tau{i}", p)
+                 for i, p in enumerate(m.get("points") or [])]
+        ends = {end: {"metrics": metrics} for end, metrics in (m.get("reference") or {}).items()}
+        for name, holder in named + list(ends.items()):
+            metrics = holder["metrics"]
+            problems = metrics.pop("problems", None)
+            if problems is not None:
+                written[id(metrics)] = _write_problems(out, f"sparsity/{label}_{name}.json", f"{label} {name}",
+                                                       problems, metrics, setup)
+            if id(metrics) in written:
+                holder["problems_file"] = written[id(metrics)]
+        if ends:
+            m["reference_files"] = {end: h["problems_file"] for end, h in ends.items() if "problems_file" in h}
 
 
 def _cmd_diversity(args) -> int:
