@@ -7,6 +7,7 @@
 #   bash experiments/study/run.sh c9       # C9: GRPO then ES, half of each method's c1c2 update count
 #   bash experiments/study/run.sh c3       # C3: population vs centre coverage around c1c2-es's final weights
 #   bash experiments/study/run.sh q2       # Q2: base, ES and GRPO fake-quantised to int8 / int4 and re-evaluated
+#   bash experiments/study/run.sh c5       # C5: the masked models (small update coordinates zeroed), re-evaluated greedily
 #   bash experiments/study/run.sh collect  # copy the committed files (configs, logs, seed logs, eval JSON, analyses) to docs/study/
 #   bash experiments/study/run.sh report   # regenerate docs/REPRODUCTION.md from docs/study/ (evolm report --study)
 #
@@ -56,9 +57,11 @@ case "${1:-}" in
   c9) run_or_resume pipeline experiments/study/c9-pipeline-grpo-es.toml c9-pipeline-grpo-es > "$OUT/c9-pipeline-grpo-es.log" 2>&1 ;;
   c3) [ -f "$OUT/analyses/c3/diversity.json" ] || "$PY" -m evolm analyze diversity --model "$OUT/c1c2-es" --count 64 \
         --samples-per-member 4 --threads 1 --out "$OUT/analyses/c3" ;;
+  c5) [ -f "$OUT/analyses/c5/sparsity.json" ] || "$PY" -m evolm analyze sparsity --trained es="$OUT/c1c2-es" \
+        --trained grpo="$OUT/c1c2-grpo" --threads 1 --out "$OUT/analyses/c5" ;;
   q2) [ -f "$OUT/analyses/q2/compression.json" ] || "$PY" -m evolm analyze compression --trained es="$OUT/c1c2-es" \
         --trained grpo="$OUT/c1c2-grpo" --methods none,int8,int4 --n 16 --pass-k 1 --pass-k 16 --threads 1 --out "$OUT/analyses/q2" ;;
   collect) "$PY" experiments/study/collect.py "$OUT" docs/study ;;
   report) "$PY" -m evolm report --study experiments/study/claims.toml --out docs ;;
-  *) echo "usage: $0 c1c2 | q1 | c8 | c9 | c3 | q2 | collect | report" >&2; exit 2 ;;
+  *) echo "usage: $0 c1c2 | q1 | c8 | c9 | c3 | c5 | q2 | collect | report" >&2; exit 2 ;;
 esac
