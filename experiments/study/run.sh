@@ -11,8 +11,10 @@
 #   bash experiments/study/run.sh collect  # copy the committed files (configs, logs, seed logs, eval JSON, analyses) to docs/study/
 #   bash experiments/study/run.sh report   # regenerate docs/REPRODUCTION.md from docs/study/ (evolm report --study)
 #
-# Every stage skips what is already done and resumes what was stopped (evolm ... --resume), so the
-# script can be run again after a kill. Budgets: see experiments/study/README.md.
+# Every stage skips what is already done; training runs resume what was stopped (evolm ... --resume),
+# the analyses (c3, c5, q2: minutes to an hour) start again if killed, so the script can be run again
+# after a kill. Budgets: each claim's `cost` in experiments/study/claims.toml
+# (shown on docs/REPRODUCTION.md).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PY:-.venv/bin/python}
