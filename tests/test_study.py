@@ -420,3 +420,23 @@ def test_float_noise_never_makes_an_interval_exclude_zero():
     mean, lo, hi = bootstrap_interval(diffs)
     assert lo == 0.0 and hi > 0
     assert interval_verdict("equal", lo, hi, 64) != "contradicted"
+
+
+def test_greedy_only_evaluations_are_tabled_not_drawn(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    data = Path("data")
+    d = data / "analyses" / "c5" / "sparsity"
+    d.mkdir(parents=True)
+    for name, correct in {"es_trained": [True] * 40 + [False] * 24, "es_x8": [True] * 39 + [False] * 25}.items():
+        probs = [{"id": f"arithmetic:{i}", "greedy_correct": c} for i, c in enumerate(correct)]  # n = 0: no samples
+        (d / f"{name}.json").write_text(json.dumps({"task": "arithmetic", "split": "test", "problems": probs}))
+    body = ('[[claim]]\nid = "C5"\nclaim = "c"\n\n[[claim.test]]\nkind = "compare"\na = "analyses/c5/sparsity/es_trained.json"\n'
+            'b = "analyses/c5/sparsity/es_x8.json"\nmetric = "greedy"\nexpect = "equal"\n')
+    result = build_study(write_claims(Path("claims.toml"), data, body), "docs")
+    (test,) = result.outcomes[0].tests
+    assert test.estimate == pytest.approx(-1 / 64) and test.problems == 64
+    md = Path("docs/REPRODUCTION.md").read_text()
+    section = md.split("## Held-out pass@k with intervals")[1].split("\n## ")[0]
+    assert "](study/figures/" not in section  # nothing to draw without samples
+    assert "| analyses/c5/sparsity/es_x8.json |" in section or "es_x8" in section
+    assert "0.609 [" in section  # es_x8's greedy mean with its interval

@@ -166,7 +166,8 @@ def passk_sections(outcomes: list[ClaimOutcome], data: Path, read, canvas: Canva
         f"pass@k for k = 1 .. n from each problem's n and c (unbiased estimator, averaged over problems); the band is the "
         f"{LEVEL:.0%} percentile interval of the mean over {BOOTSTRAP_RESAMPLES} bootstrap resamples of the problems. One "
         "colour per directory; a run's base (`eval_before.json`) dashed, trained or matched evaluations solid (a base "
-        "measured identically by several runs is drawn once). The k axis is logarithmic (base 2)."])
+        "measured identically by several runs is drawn once). The k axis is logarithmic (base 2). Re-evaluations "
+        "without samples (n = 0: greedy only, e.g. the masked models of the sparsity analysis) appear in the tables only."])
     colours: dict[str, str] = {}
     for files, ids in groups.items():
         fig = canvas.figure(7.0, 4.2)
@@ -176,6 +177,11 @@ def passk_sections(outcomes: list[ClaimOutcome], data: Path, read, canvas: Canva
         for file, task in files:
             report = task_report(read(Path(file)), Path(file), task)
             label = _series_label(file, data)
+            greedy = [float(bool(p["greedy_correct"])) for p in report["problems"] if p.get("greedy_correct") is not None]
+            if not all("n" in p and "c" in p for p in report["problems"]):  # greedy only (a re-evaluation without samples)
+                rows.append({"label": label, "file": shown(file), "problems": len(report["problems"]), "n": 0, "pass": {},
+                             "entropy": None, "greedy": _cell(*bootstrap_interval(greedy)) if greedy else None})
+                continue
             before = file.endswith("eval_before.json")
             key = tuple((str(p["id"]), p["n"], p["c"]) for p in report.get("problems") or [])
             if before and key in drawn:  # the same base, measured on the same problems with the same seed
@@ -189,7 +195,6 @@ def passk_sections(outcomes: list[ClaimOutcome], data: Path, read, canvas: Canva
             ax.plot(ks, mean, "--" if before else "-", marker="o", ms=3, color=color, label=label)
             ax.fill_between(ks, lo, hi, color=color, alpha=0.15, lw=0)
             entropy = [v for v in (_mean_entropy(p) for p in report["problems"]) if v is not None]
-            greedy = [float(bool(p["greedy_correct"])) for p in report["problems"] if p.get("greedy_correct") is not None]
             row = {"label": label, "file": shown(file), "problems": len(report["problems"]), "n": len(ks),
                    "pass": {k: _cell(mean[k - 1], lo[k - 1], hi[k - 1]) for k in ks},
                    "entropy": _cell(*bootstrap_interval(entropy)) if entropy else None,
@@ -198,12 +203,14 @@ def passk_sections(outcomes: list[ClaimOutcome], data: Path, read, canvas: Canva
             if before:
                 drawn[key] = row
         k_top = max(r["n"] for r in rows)
-        ticks = passk_axes(ax, k_top)
-        ax.set_title(f"held-out pass@k ({', '.join(ids)})")
-        ax.legend(fontsize=8)
-        sec.blocks.append(canvas.save(fig, f"passk-{'-'.join(ids)}", f"held-out pass@k: {', '.join(ids)}",
-                                      "dashed: base; bands: 95% bootstrap intervals over problems"))
-        shown_ks = sorted(set(ticks) | {r["n"] for r in rows})
+        ticks: list[int] = []
+        if k_top:  # at least one evaluation with samples: the figure (greedy-only ones are in the table)
+            ticks = passk_axes(ax, k_top)
+            ax.set_title(f"held-out pass@k ({', '.join(ids)})")
+            ax.legend(fontsize=8)
+            sec.blocks.append(canvas.save(fig, f"passk-{'-'.join(ids)}", f"held-out pass@k: {', '.join(ids)}",
+                                          "dashed: base; bands: 95% bootstrap intervals over problems"))
+        shown_ks = sorted((set(ticks) | {r["n"] for r in rows}) - {0})
         sec.blocks.append(Table(["evaluation", "file", "problems", "n"] + [f"pass@{k}" for k in shown_ks] +
                                 ["entropy (nats)", "greedy"],
                                 [[r["label"], r["file"], r["problems"], r["n"]] + [r["pass"].get(k) for k in shown_ks] +
