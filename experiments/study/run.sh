@@ -8,6 +8,7 @@
 #   bash experiments/study/run.sh c3       # C3: population vs centre coverage around c1c2-es's final weights
 #   bash experiments/study/run.sh q2       # Q2: base, ES and GRPO fake-quantised to int8 / int4 and re-evaluated
 #   bash experiments/study/run.sh c5       # C5: the masked models (small update coordinates zeroed), re-evaluated greedily
+#   bash experiments/study/run.sh c2long   # C2: c1c2-es continued to 4,800 s of update time (a copy, resumed with a larger budget)
 #   bash experiments/study/run.sh collect  # copy the committed files (configs, logs, seed logs, eval JSON, analyses) to docs/study/
 #   bash experiments/study/run.sh report   # regenerate docs/REPRODUCTION.md from docs/study/ (evolm report --study)
 #
@@ -63,7 +64,9 @@ case "${1:-}" in
         --trained grpo="$OUT/c1c2-grpo" --threads 1 --out "$OUT/analyses/c5" ;;
   q2) [ -f "$OUT/analyses/q2/compression.json" ] || "$PY" -m evolm analyze compression --trained es="$OUT/c1c2-es" \
         --trained grpo="$OUT/c1c2-grpo" --methods none,int8,int4 --n 16 --pass-k 1 --pass-k 16 --threads 1 --out "$OUT/analyses/q2" ;;
+  c2long) [ -d "$OUT/c2-es-long" ] || cp -r "$OUT/c1c2-es" "$OUT/c2-es-long"   # the same run, continued in its own directory
+      "$PY" -m evolm es --resume "$OUT/c2-es-long" --set run.budget=4800 --set run.progress=false > "$OUT/c2-es-long.log" 2>&1 ;;
   collect) "$PY" experiments/study/collect.py "$OUT" docs/study ;;
   report) "$PY" -m evolm report --study experiments/study/claims.toml --out docs ;;
-  *) echo "usage: $0 c1c2 | q1 | c8 | c9 | c3 | c5 | q2 | collect | report" >&2; exit 2 ;;
+  *) echo "usage: $0 c1c2 | q1 | c8 | c9 | c3 | c5 | q2 | c2long | collect | report" >&2; exit 2 ;;
 esac
