@@ -411,6 +411,27 @@ def test_resume_of_a_finished_run_without_checkpoints_extends_from_final(tmp_pat
         assert torch.equal(p, q), n
 
 
+def test_extending_a_run_retires_its_old_eval_after(tmp_path, tokenizer, vowel_task, capsys):
+    # eval_after.json must describe the final weights: an extension that stops early must not show the old one
+    from evolm.backends.hf import HFGenerator
+    from evolm.jobs import run_es
+
+    run, _ = _run_es(tmp_path, tokenizer, vowel_task, iterations=2, prompts_per_iteration=2)
+    old = {"label": "after", "step": 2, "summary": {"pass@1": 0.25}, "problems": []}
+    (run.path / "eval_after.json").write_text(json.dumps(old))
+    cfg = config.load(config.ESJob, run.config_path, ["es.iterations=3"])
+    model = make_tiny_model(tokenizer)
+    run_es(cfg, resume=run, model=model, tokenizer=tokenizer, task=vowel_task, generator=HFGenerator(model, tokenizer, 16))
+    assert not (run.path / "eval_after.json").exists()  # this run measures none (eval.before_after = false)
+    assert json.loads((run.path / "eval_after_step2.json").read_text()) == old  # kept, under the update it measured
+    assert "eval_after_step2.json: the held-out evaluation of the weights before this resume" in capsys.readouterr().out
+    # a resume with nothing to do changes no file
+    (run.path / "eval_after.json").write_text(json.dumps({**old, "step": 3}))
+    run_es(cfg, resume=run, model=model, tokenizer=tokenizer, task=vowel_task, generator=HFGenerator(model, tokenizer, 16),
+           quiet=True)
+    assert json.loads((run.path / "eval_after.json").read_text())["step"] == 3
+
+
 def test_bfloat16_runs_extend_from_final_with_exact_masters(tmp_path, tokenizer, vowel_task):
     from evolm.backends.hf import HFGenerator
     from evolm.jobs import run_es

@@ -261,6 +261,10 @@ def open_run(cfg, kind: str, *, resume: RunDir | str | Path | None = None, run_d
         atomic_write_text(run.config_path, toml)
         run.log_config("resume", start.step, resolved, changes, resumed_from=start.describe())
         run.truncate_after(start.step)  # a resume without checkpoint keeps the step-0 measurements
+        kept = run.retire_eval_after()
+        if kept is not None:
+            say(f"[evolm] {kept.name}: the held-out evaluation of the weights before this resume (eval_after.json is "
+                "measured again when the run finishes)")
         run.update_info(status="running", resumed_from_step=start.step, **this_process())
         changed = ", ".join(f"{k} {_show(v['old'])} -> {_show(v['new'])}" for k, v in changes.items())
         say(f"[evolm] resuming {run.path} {rules.where or 'from ' + start.describe()}"

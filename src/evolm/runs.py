@@ -412,6 +412,22 @@ class RunDir:
                 keep = [r for r in read_jsonl(p) if r.get("step", 0) <= step]
                 atomic_write_jsonl(p, keep)
 
+    def retire_eval_after(self) -> Path | None:
+        """Move ``eval_after.json`` to ``eval_after_step<N>.json`` (N: the update it measured) when a resume is
+        about to train further: ``eval_after.json`` must always describe the run's final weights, and a run
+        extended and then stopped before its new end would otherwise show the old evaluation as its result.
+        The old measurement is kept, not deleted. Returns the new path, or None when there was none."""
+        path = self.path / "eval_after.json"
+        if not path.exists():
+            return None
+        try:
+            step = json.loads(path.read_text()).get("step")
+        except (json.JSONDecodeError, AttributeError):
+            step = None
+        target = self.path / f"eval_after_step{step if isinstance(step, int) else 'unknown'}.json"
+        os.replace(path, target)
+        return target
+
     # -- checkpoints -------------------------------------------------------------------------------
     @property
     def checkpoint_dir(self) -> Path:
