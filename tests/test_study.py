@@ -311,6 +311,10 @@ def test_compare_changes_from_own_baselines(tmp_path):
             'a_base = "a0.json"\nb_base = "b0.json"\nmetric = "pass@1"\nexpect = "a_greater"\n')
     r = outcome(tmp_path, body)[0].tests[0]
     assert r.estimate == pytest.approx(-0.5) and r.interval == [-0.5, -0.5] and r.verdict == REPRODUCED
+    assert outcome(tmp_path, body.replace('"a_greater"', '"b_not_less"'))[0].tests[0].verdict == CONTRADICTED
+    swapped = body.replace('"a1.json"', '"B1"').replace('"b1.json"', '"a1.json"').replace('"B1"', '"b1.json"')
+    swapped = swapped.replace('"a0.json"', '"B0"').replace('"b0.json"', '"a0.json"').replace('"B0"', '"b0.json"')
+    assert outcome(tmp_path, swapped.replace('"a_greater"', '"b_not_less"'))[0].tests[0].verdict == REPRODUCED
     assert (r.a, r.b) == (pytest.approx(0.0), pytest.approx(-0.5)) and len(r.files) == 4
     assert "difference in changes" in study.describe(r) and "(b1.json − b0.json) − (a1.json − a0.json)" in r.label
     (data / "b0.json").write_text(json.dumps(run_eval("after", problems([12] * 63))))

@@ -31,9 +31,9 @@ Statistics (pure functions over what was read):
 - Verdicts (``interval_verdict``): "reproduced" when the interval excludes 0 in the expected
   direction, "contradicted" when it excludes 0 in the opposite one, "inconclusive at this scale"
   otherwise. ``not_down`` and ``equal`` are non-inferiority and equivalence tests with a margin of
-  one problem's share, m = 1 / problems (in the metric's own units): ``not_down`` is reproduced when
-  the interval's lower end is above −m (checked first) and contradicted when its upper end is below
-  0; ``equal`` is reproduced when the interval lies inside (−m, m) and contradicted when it excludes 0.
+  one problem's share, m = 1 / problems (in the metric's own units): ``not_down`` (compare:
+  ``b_not_less``) is reproduced when the interval's lower end is above −m (checked first) and
+  contradicted when its upper end is below 0; ``equal`` is reproduced when the interval lies inside (−m, m) and contradicted when it excludes 0.
 - Value tests (``value_verdict``) report an analysis's own uncertainty, never a bare count: a
   top-k count enrichment (``localisation.json``) with its exact 95% interval (reproduced when the
   interval clears the threshold, contradicted when it lies on the other side); a share-of-‖Δ‖²
@@ -84,7 +84,8 @@ REPRODUCED, CONTRADICTED, INCONCLUSIVE, NOT_RUN = "reproduced", "contradicted", 
 VERDICTS = (REPRODUCED, CONTRADICTED, INCONCLUSIVE, NOT_RUN)
 """Every verdict a test or a claim can get."""
 
-EXPECTS = {"change": ("up", "down", "not_down"), "compare": ("a_greater", "b_greater", "equal"), "value": (">", "<")}
+EXPECTS = {"change": ("up", "down", "not_down"), "compare": ("a_greater", "b_greater", "equal", "b_not_less"),
+           "value": (">", "<")}
 """The ``expect`` values each kind of test takes."""
 REQUIRED = {"change": ("run", "metric", "expect"), "compare": ("a", "b", "metric", "expect"),
             "value": ("file", "path", "expect", "threshold")}
@@ -122,8 +123,8 @@ class ClaimTest:
     """change, compare: ``pass@K`` (unbiased, from each problem's n and c), ``entropy`` (mean of a problem's
     samples' token entropy, nats) or ``greedy`` (greedy answer correct)."""
     expect: str = ""
-    """change: ``up``, ``down`` or ``not_down`` (after − before); compare: ``a_greater``, ``b_greater`` or
-    ``equal`` (b − a); value: ``>`` or ``<`` the threshold."""
+    """change: ``up``, ``down`` or ``not_down`` (after − before); compare: ``a_greater``, ``b_greater``, ``equal``
+    or ``b_not_less`` (b − a; the last two with a margin of one problem's share); value: ``>`` or ``<`` the threshold."""
     a: str = ""
     """compare: the first evaluation file, relative to the data directory (``eval.json`` of ``evolm eval`` or a
     run's ``eval_before.json`` / ``eval_after.json``)."""
@@ -318,7 +319,7 @@ def interval_verdict(expect: str, lo: float, hi: float, problems: int) -> str:
         return REPRODUCED if lo > 0 else CONTRADICTED if hi < 0 else INCONCLUSIVE
     if expect in ("down", "a_greater"):
         return REPRODUCED if hi < 0 else CONTRADICTED if lo > 0 else INCONCLUSIVE
-    if expect == "not_down":
+    if expect in ("not_down", "b_not_less"):
         return REPRODUCED if lo > -margin else CONTRADICTED if hi < 0 else INCONCLUSIVE
     if expect == "equal":
         return REPRODUCED if -margin < lo and hi < margin else CONTRADICTED if lo > 0 or hi < 0 else INCONCLUSIVE
