@@ -118,7 +118,7 @@ def verdict_section(outcomes: list[ClaimOutcome]) -> Section:
               "and c, entropy the mean of a problem's samples' token entropy (nats), greedy whether the greedy answer "
               "is correct. A test is reproduced when its interval excludes 0 (or clears the threshold) in the expected "
               "direction, contradicted when it does so in the opposite one, inconclusive at this scale otherwise; "
-              "'not down' and 'equal' use a margin of one problem's share (1 / problems). A claim is reproduced when "
+              "'not down', 'b not less' and 'equal' use a margin of one problem's share (1 / problems). A claim is reproduced when "
               "every test is, contradicted when any is, not run when none ran, inconclusive otherwise.")
     summary = f"{len(outcomes)} rows: " + ", ".join(f"{n} {v}" for v, n in counts.items())
     rows = []
