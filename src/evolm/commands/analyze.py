@@ -674,7 +674,9 @@ def register(subparsers) -> None:
     k = kinds.add_parser("sparsity", help="fraction of updates below τ and pass@1 of θ0 + Δ·1[|Δ| ≥ τ]",
                          description="Thresholds τ = m × s, where s is the RMS of a single ES update (median over the run's "
                                      "seed_log.jsonl: scale · sqrt(Σ c_i²)) or --tau-scale. For each τ: the fraction of nonzero "
-                                     "|Δ| below τ, and (unless --no-eval) the target-task metrics of θ0 + Δ·1[|Δ| ≥ τ].")
+                                     "|Δ| below τ, and (unless --no-eval) the target-task metrics of θ0 + Δ·1[|Δ| ≥ τ], each "
+                                     "with its per-problem results in sparsity/<model>_x<m>.json (and _base, _trained for the "
+                                     "end points).")
     _add_models(k)
     k.add_argument("--tau-scale", type=float, help="threshold scale s (default: from the first --trained run's seed log)")
     k.add_argument("--multipliers", default="0.25,0.5,1,2,4,8", help="τ = m × s for these m (default: 0.25,0.5,1,2,4,8)")
@@ -685,7 +687,9 @@ def register(subparsers) -> None:
     k = kinds.add_parser("compression", help="int8/int4 fake-quantisation and magnitude pruning, re-evaluated",
                          description="Apply each compression method to the base and every --trained model and re-evaluate on the "
                                      "target task. Methods: none, int<bits> (per-output-channel symmetric round-to-nearest), "
-                                     "prune:<fraction> (global magnitude pruning), prune-tensor:<fraction> (per tensor).")
+                                     "prune:<fraction> (global magnitude pruning), prune-tensor:<fraction> (per tensor). Writes "
+                                     "compression.json, compression.png and each row's per-problem results as an evaluation "
+                                     "file, compression/<model>_<method>.json (':' written '-').")
     _add_models(k)
     k.add_argument("--methods", default="none,int8,int4,prune:0.25,prune:0.5", help="comma-separated methods (default: none,int8,int4,prune:0.25,prune:0.5)")
     k.add_argument("--params", default="attention,mlp", help="categories to compress (default: attention,mlp; also norm, embedding, lm_head, other)")
