@@ -598,7 +598,8 @@ def label_of(test: ClaimTest) -> str:
         return f"{test.metric} of ({test.b} − {test.b_base}) − ({test.a} − {test.a_base})"
     if test.kind == "compare":
         return f"{test.metric} of {test.b} − {test.a}"
-    return test.path + (f" / {test.over.path}" if test.over else f" − {test.minus.path}" if test.minus else "")
+    where = "/".join(Path(test.file).parts[-2:])  # e.g. c3-at-160/diversity.json: which analysis, when several
+    return f"{where}: " + test.path + (f" / {test.over.path}" if test.over else f" − {test.minus.path}" if test.minus else "")
 
 
 def evaluate_test(claim: Claim, test: ClaimTest, data_dir: Path, read: Callable[[Path], Any]) -> Outcome:
