@@ -481,10 +481,10 @@ def _paired(claim: str, test: ClaimTest, label: str, paths: list[Path], read: Ca
     va, vb = (_values(p, test.metric, test.task, read) for p in (a_path, b_path))
     _same_problems(va, vb, a_path, b_path)
     if len(paths) == 4:  # each side's change from its own base, on the same problems
-        for side, base in ((a_path, paths[2]), (b_path, paths[3])):
-            _same_problems(va, _values(base, test.metric, test.task, read), side, base)
-        va = _minus(va, _values(paths[2], test.metric, test.task, read))
-        vb = _minus(vb, _values(paths[3], test.metric, test.task, read))
+        a_base, b_base = (_values(p, test.metric, test.task, read) for p in paths[2:])
+        _same_problems(va, a_base, a_path, paths[2])
+        _same_problems(vb, b_base, b_path, paths[3])
+        va, vb = _minus(va, a_base), _minus(vb, b_base)
     pairs = [(va[i], vb[i]) for i in va if va[i] is not None and vb[i] is not None]
     if not pairs:
         result.detail = f"no per-problem {test.metric} in {' or '.join(map(str, paths))}"
