@@ -71,9 +71,12 @@ def test_eval_like_reproduces_the_runs_after_and_before_evaluations_exactly(es_r
 
 def test_eval_like_refuses_options_it_takes_from_the_run_and_outputs_never_overwrite(es_run, capsys, tmp_path):
     run, _ = es_run
-    assert main(["eval", "--like", str(run), "--n", "4", "--seed", "1"]) == 2
+    assert main(["eval", "--like", str(run), "--n", "4", "--seed", "1", "--temperature", "0.5"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("evolm: error: --like takes") and "--n, --seed" in err and err.count("\n") == 1
+    assert err.startswith("evolm: error: --like takes") and "drop --temperature, --seed" in err and err.count("\n") == 1
+    assert main(["eval", "--like", str(run), "--n", "2", "--k", "1,4"]) == 2  # k beyond the samples per problem
+    err = capsys.readouterr().err
+    assert "--k 4 is outside 1..2" in err and "raise --n" in err and err.count("\n") == 1
     out = tmp_path / "mine"
     assert main(["eval", "--like", str(run), "--out", str(out), "--no-progress"]) == 0
     first = (out / "eval.json").read_text()
@@ -81,6 +84,25 @@ def test_eval_like_refuses_options_it_takes_from_the_run_and_outputs_never_overw
     assert "already holds an evaluation" in capsys.readouterr().err
     assert (out / "eval.json").read_text() == first
     assert main(["eval", "--like", str(tmp_path / "nowhere")]) == 2
+
+
+def test_eval_like_with_more_samples_keeps_the_runs_problems_and_reaches_a_larger_k(es_run, capsys):
+    run, _ = es_run
+    after = json.loads((run / "eval_after.json").read_text())
+    assert main(["eval", "--like", str(run), "--n", "4", "--k", "1,2,4", "--no-progress"]) == 0
+    assert "the same summary" not in capsys.readouterr().out  # no claim to reproduce the run's evaluation
+    (out,) = _new_eval_dirs(run, set())
+    result = _only_task(out)
+    assert [p["id"] for p in result["problems"]] == [p["id"] for p in after["problems"]], "the run's problems"
+    assert [p["n"] for p in result["problems"]] == [4] * 5 and "pass@4" in result["summary"]
+    assert [p["greedy_correct"] for p in result["problems"]] == [p["greedy_correct"] for p in after["problems"]], \
+        "the same greedy pass (temperature 0 does not depend on n)"
+    settings = json.loads((out / "eval.json").read_text())["settings"]
+    assert settings["n"] == 4 and settings["ks"] == [1, 2, 4]
+    # --n alone keeps the run's k values that fit
+    assert main(["eval", "--like", str(run), "--n", "1", "--no-progress"]) == 0
+    (out2,) = _new_eval_dirs(run, {out})
+    assert json.loads((out2 / "eval.json").read_text())["settings"]["ks"] == [1]
 
 
 def test_plain_evals_of_a_run_go_to_new_directories_and_the_report_reads_them_all(es_run, tmp_path):

@@ -9,6 +9,8 @@
 #   bash experiments/study/run.sh q2       # Q2: base, ES and GRPO fake-quantised to int8 / int4 and re-evaluated
 #   bash experiments/study/run.sh c5       # C5: the masked models (small update coordinates zeroed), re-evaluated greedily
 #   bash experiments/study/run.sh c2long   # C2: c1c2-es continued to 4,800 s of update time (a copy, resumed with a larger budget)
+#   bash experiments/study/run.sh c2xl     # C2: c2-es-long continued to 240 updates (a copy, resumed with a larger cap)
+#   bash experiments/study/run.sh k32      # C1, C2, C9: the base and the trained models again on the same 64 problems, 32 samples
 #   bash experiments/study/run.sh collect  # copy the committed files (configs, logs, seed logs, eval JSON, analyses) to docs/study/
 #   bash experiments/study/run.sh report   # regenerate docs/REPRODUCTION.md from docs/study/ (evolm report --study)
 #
@@ -51,6 +53,19 @@ single() {  # single NAME: one ES run of experiments/study/NAME.toml
   run_or_resume es "experiments/study/$1.toml" "$1" > "$OUT/$1.log" 2>&1
 }
 
+k32() {  # pass@32 (the paper's largest k): every model on c1c2's 64 held-out problems, 32 samples each (~15-20 min each)
+  local m name model
+  for m in base:smollm2-135m grpo:c1c2-grpo es:c1c2-es es-160:c2-es-long c9:c9-pipeline-grpo-es es-240:c2-es-240; do
+    name=${m%%:*} model=${m#*:}
+    if [ "$model" != smollm2-135m ]; then
+      [ -f "$OUT/$model/eval_after.json" ] || continue   # not run, or not finished, yet
+      model="$OUT/$model"
+    fi
+    [ -f "$OUT/k32/$name/eval.json" ] || "$PY" -m evolm eval --like "$OUT/c1c2-es" --model "$model" --n 32 \
+      --k 1,2,4,8,16,32 --threads 1 --no-progress --out "$OUT/k32/$name" >> "$OUT/k32.log" 2>&1
+  done
+}
+
 case "${1:-}" in
   c1c2) c1c2 ;;
   q1) single q1-es-norm-attention
@@ -70,7 +85,11 @@ case "${1:-}" in
         --trained grpo="$OUT/c1c2-grpo" --methods none,int8,int4 --n 16 --pass-k 1 --pass-k 16 --threads 1 --out "$OUT/analyses/q2" ;;
   c2long) [ -d "$OUT/c2-es-long" ] || cp -r "$OUT/c1c2-es" "$OUT/c2-es-long"   # the same run, continued in its own directory
       "$PY" -m evolm es --resume "$OUT/c2-es-long" --set run.budget=4800 --set run.progress=false > "$OUT/c2-es-long.log" 2>&1 ;;
+  c2xl) [ -d "$OUT/c2-es-240" ] || cp -r "$OUT/c2-es-long" "$OUT/c2-es-240"   # needs c2long first
+      "$PY" -m evolm es --resume "$OUT/c2-es-240" --set es.iterations=240 --set run.budget=100000 \
+        --set run.progress=false > "$OUT/c2-es-240.log" 2>&1 ;;
+  k32) k32 ;;
   collect) "$PY" experiments/study/collect.py "$OUT" docs/study ;;
   report) "$PY" -m evolm report --study experiments/study/claims.toml --out docs ;;
-  *) echo "usage: $0 c1c2 | q1 | c8 | c9 | c3 | c5 | q2 | c2long | collect | report" >&2; exit 2 ;;
+  *) echo "usage: $0 c1c2 | q1 | c8 | c9 | c3 | c5 | q2 | c2long | c2xl | k32 | collect | report" >&2; exit 2 ;;
 esac

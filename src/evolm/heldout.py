@@ -38,6 +38,7 @@ from evolm import models
 from evolm.backends import make_heldout_generator
 from evolm.backends.base import SamplingParams
 from evolm.config import ESJob, from_dict
+from evolm.errors import UserError
 from evolm.evaluate import evaluate_task
 from evolm.runs import RunDir
 from evolm.seeding import seed31
@@ -136,7 +137,8 @@ def like_config(run_config: dict):
 
 
 def evaluate_like(run_path, model_spec: str | None = None, *, dtype: str | None = None, device: str | None = None,
-                  threads: int | None = None, progress: bool = True) -> dict:
+                  threads: int | None = None, progress: bool = True, n_samples: int | None = None,
+                  ks: list[int] | None = None) -> dict:
     """Measure a model exactly as the run at ``run_path`` measured its ``eval_after.json``: the same task,
     problems, samples, k, temperature, top-p, completion length, seed derivation, generation backend,
     batch size and prefix cache (``like_config`` + ``measure_heldout``), no generation cache.
@@ -144,9 +146,22 @@ def evaluate_like(run_path, model_spec: str | None = None, *, dtype: str | None 
     ``model_spec`` defaults to the run directory (its ``final/``); ``dtype`` and ``device`` to the run's.
     Returns an ``eval.json`` report (``evaluate.write_outputs`` writes it) whose one task entry has the
     same ``summary`` as the run's ``eval_after.json`` when the weights are the run's final weights.
+
+    ``n_samples`` / ``ks`` (``evolm eval --like RUN --n 32 --k 1,16,32``) draw more samples on the same
+    problems to reach a larger k than the run measured; everything else stays the run's, and the summary
+    then differs from ``eval_after.json`` by design (more samples per problem, other sampling draws).
     """
     run = RunDir.open(run_path)
     cfg = like_config(run.config())
+    if n_samples is not None:
+        cfg.eval.n_samples = n_samples
+        cfg.eval.k = [k for k in cfg.eval.k if k <= n_samples] if ks is None else cfg.eval.k
+    if ks is not None:
+        cfg.eval.k = ks
+    bad = [k for k in cfg.eval.k if not 1 <= k <= cfg.eval.n_samples]
+    if bad:
+        raise UserError(f"--k {','.join(map(str, bad))} is outside 1..{cfg.eval.n_samples} (the samples per problem); "
+                        f"raise --n or lower --k")
     task = heldout_task(cfg)
     spec = model_spec or str(run.path)
     model, tokenizer = models.load(spec, dtype=dtype or cfg.model.dtype, threads=threads or cfg.model.threads,

@@ -32,11 +32,12 @@ def _parse_task_params(items: list[str]) -> dict[str, dict]:
     return out
 
 
-LIKE_CONFLICTS = {"tasks": "--tasks", "n": "--n", "k": "--k", "temperature": "--temperature", "top_p": "--top-p",
+LIKE_CONFLICTS = {"tasks": "--tasks", "temperature": "--temperature", "top_p": "--top-p",
                   "max_new_tokens": "--max-new-tokens", "limit": "--limit", "split": "--split", "seed": "--seed",
                   "task_param": "--task-param", "no_greedy": "--no-greedy", "batch_size": "--batch-size",
                   "cache_dir": "--cache-dir"}
-"""Options ``--like`` takes from the run (its task, problems, sampling, length, seeds and batching)."""
+"""Options ``--like`` takes from the run (its task, problems, sampling, length, seeds and batching); ``--n`` and
+``--k`` may be given with it, to reach a larger k on the run's problems than the run measured."""
 
 DEFAULTS = {"model": DEFAULT_MODEL, "tasks": "csqa,arc_easy", "n": 32, "k": "1,16,32", "temperature": 1.0, "top_p": 1.0, "max_new_tokens": 0,
             "split": "test", "seed": 0, "batch_size": 32, "dtype": "float32", "device": "cpu", "threads": 1}
@@ -68,18 +69,21 @@ def _run_like(args) -> int:
 
     given = [flag for key, flag in LIKE_CONFLICTS.items() if getattr(args, key) not in (None, [], False)]
     if given:
-        raise UserError(f"--like takes the task, problems, samples, k, temperature, length, seeds and batching from the "
+        raise UserError(f"--like takes the task, problems, temperature, length, seeds and batching from the "
                         f"run; drop {', '.join(given)} (or drop --like to choose them yourself)")
+    if args.n is not None and args.n < 1:
+        raise UserError(f"--n must be at least 1 (got {args.n})")
     run = RunDir.open(args.like)
     model = args.model
     out_dir = check_out_dir(args.out) if args.out else default_out_dir(model, like=str(run.path))
     report = evaluate_like(run.path, model, dtype=args.dtype, device=args.device, threads=args.threads,
-                           progress=not args.no_progress)
+                           progress=not args.no_progress, n_samples=args.n,
+                           ks=_parse_ks(args.k) if args.k is not None else None)
     write_outputs(report, out_dir)
     print(markdown_table(report))
     (task, result), = report["tasks"].items()
     after = run.evaluation("after")
-    if model is None and after is not None:
+    if model is None and after is not None and args.n is None and args.k is None:
         same = after.get("summary") == result["summary"]
         print(f"the run's eval_after.json: {'the same summary, exactly' if same else 'a DIFFERENT summary'} "
               f"({task}, {result['summary'].get('problems')} problems)")
@@ -100,7 +104,8 @@ def register(sub) -> None:
         epilog="examples:\n"
                "  evolm eval --model smollm2-135m --tasks csqa,gsm8k --n 32 --k 1,16,32 --limit 200\n"
                "  evolm eval --like runs/es-demo                     # the run's final/ weights: eval_after.json again\n"
-               "  evolm eval --like runs/es-demo --model smollm2-135m # the base model: eval_before.json again",
+               "  evolm eval --like runs/es-demo --model smollm2-135m # the base model: eval_before.json again\n"
+               "  evolm eval --like runs/es-demo --n 32 --k 1,16,32   # the run's problems, more samples: pass@32",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", "-m", default=None,
                    help=f"model spec (embedded name, model dir, .gguf, hub id) or an evolm run directory, whose final/ "
@@ -110,10 +115,12 @@ def register(sub) -> None:
                         "its eval.count problems with the seed derived from run.seed, eval.n_samples, eval.k, temperature, "
                         "top-p, completion length, sampling-seed derivation, generation backend, batch size and prefix "
                         "cache, no generation cache; reproduces the run's summary exactly on its final/ weights "
-                        "(--model picks other weights, e.g. the base to reproduce eval_before.json)")
+                        "(--model picks other weights, e.g. the base to reproduce eval_before.json; --n and --k draw more "
+                        "samples on the same problems, for a larger k than the run measured)")
     p.add_argument("--tasks", "-t", default=None, help="comma-separated task names (default: csqa,arc_easy)")
-    p.add_argument("--n", type=int, default=None, help="samples per problem (default: 32)")
-    p.add_argument("--k", default=None, help="comma-separated k values for pass@k and maj@k, each <= n (default: 1,16,32)")
+    p.add_argument("--n", type=int, default=None, help="samples per problem (default: 32, or with --like the run's eval.n_samples)")
+    p.add_argument("--k", default=None, help="comma-separated k values for pass@k and maj@k, each <= n (default: 1,16,32, or with --like the run's "
+                        "eval.k up to --n)")
     p.add_argument("--temperature", "-T", type=float, default=None, help="sampling temperature (default: 1.0)")
     p.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass (default: 1.0)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="completion length limit (default 0: each task's own default)")
