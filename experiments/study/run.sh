@@ -10,7 +10,9 @@
 #   bash experiments/study/run.sh c5       # C5: the masked models (small update coordinates zeroed), re-evaluated greedily
 #   bash experiments/study/run.sh c2long   # C2: c1c2-es continued to 4,800 s of update time (a copy, resumed with a larger budget)
 #   bash experiments/study/run.sh c2xl     # C2: c2-es-long continued to 240 updates (a copy, resumed with a larger cap)
-#   bash experiments/study/run.sh k32      # C1, C2, C9: the base and the trained models again on the same 64 problems, 32 samples
+#   bash experiments/study/run.sh k32 [NAME...]  # C1, C2, C9: the base and the trained models on c1c2's 64 problems, 32 samples
+#   bash experiments/study/run.sh c4 [NAME...]   # C4: forgetting, the base, GRPO and ES (240 updates) on 64 Countdown problems
+#                                          (NAME: base grpo es-240 es-160 c9 es; default: all for k32, base grpo es-240 for c4)
 #   bash experiments/study/run.sh collect  # copy the committed files (configs, logs, seed logs, eval JSON, analyses) to docs/study/
 #   bash experiments/study/run.sh report   # regenerate docs/REPRODUCTION.md from docs/study/ (evolm report --study)
 #
@@ -53,17 +55,35 @@ single() {  # single NAME: one ES run of experiments/study/NAME.toml
   run_or_resume es "experiments/study/$1.toml" "$1" > "$OUT/$1.log" 2>&1
 }
 
-k32() {  # pass@32 (the paper's largest k): every model on c1c2's 64 held-out problems, 32 samples each (~15-20 min each)
-  local m name model
-  for m in base:smollm2-135m grpo:c1c2-grpo es:c1c2-es es-160:c2-es-long c9:c9-pipeline-grpo-es es-240:c2-es-240; do
-    name=${m%%:*} model=${m#*:}
-    if [ "$model" != smollm2-135m ]; then
-      [ -f "$OUT/$model/eval_after.json" ] || continue   # not run, or not finished, yet
-      model="$OUT/$model"
-    fi
-    [ -f "$OUT/k32/$name/eval.json" ] || "$PY" -m evolm eval --like "$OUT/c1c2-es" --model "$model" --n 32 \
-      --k 1,2,4,8,16,32 --threads 1 --no-progress --out "$OUT/k32/$name" >> "$OUT/k32.log" 2>&1
+# evaluate NAME SPEC OUTDIR ARGS...: `evolm eval` of the model SPEC (an embedded name, or a study run whose
+# final/ is used once the run has finished) into OUTDIR, unless done or the run is not finished yet
+evaluate() {
+  local name=$1 model=$2 out=$3; shift 3
+  if [ "$model" != smollm2-135m ]; then
+    [ -f "$OUT/$model/eval_after.json" ] || { echo "$name: $model not finished yet, skipped"; return 0; }
+    model="$OUT/$model"
+  fi
+  [ -f "$out/eval.json" ] || "$PY" -m evolm eval --model "$model" "$@" --threads 1 --no-progress --out "$out"
+}
+
+# the models the evaluation stages measure, NAME:RUN (the base is the embedded model)
+MODELS="base:smollm2-135m grpo:c1c2-grpo es-240:c2-es-240 es-160:c2-es-long c9:c9-pipeline-grpo-es es:c1c2-es"
+
+# each_model STAGE FUNCTION [NAME...]: FUNCTION NAME RUN for the named models (default: all of MODELS)
+each_model() {
+  local fn=$1 m; shift
+  for m in $MODELS; do
+    if [ $# -eq 0 ] || [[ " $* " == *" ${m%%:*} "* ]]; then "$fn" "${m%%:*}" "${m#*:}"; fi
   done
+}
+
+k32_one() {  # pass@32 (the paper's largest k): c1c2's 64 held-out problems, 32 samples (~15-20 min per model)
+  evaluate "$1" "$2" "$OUT/k32/$1" --like "$OUT/c1c2-es" --n 32 --k 1,2,4,8,16,32 >> "$OUT/k32.log" 2>&1
+}
+
+c4_one() {  # forgetting: Countdown (not trained on), 64 problems x 4 samples at the study's 24 tokens (~15-20 min per model)
+  evaluate "$1" "$2" "$OUT/forgetting/countdown-$1" --tasks countdown --limit 64 --n 4 --k 1,2,4 --seed 0 \
+    --max-new-tokens 24 >> "$OUT/c4.log" 2>&1
 }
 
 case "${1:-}" in
@@ -88,8 +108,9 @@ case "${1:-}" in
   c2xl) [ -d "$OUT/c2-es-240" ] || cp -r "$OUT/c2-es-long" "$OUT/c2-es-240"   # needs c2long first
       "$PY" -m evolm es --resume "$OUT/c2-es-240" --set es.iterations=240 --set run.budget=100000 \
         --set run.progress=false > "$OUT/c2-es-240.log" 2>&1 ;;
-  k32) k32 ;;
+  k32) shift; each_model k32_one "$@" ;;
+  c4) shift; each_model c4_one "${@:-base grpo es-240}" ;;
   collect) "$PY" experiments/study/collect.py "$OUT" docs/study ;;
   report) "$PY" -m evolm report --study experiments/study/claims.toml --out docs ;;
-  *) echo "usage: $0 c1c2 | q1 | c8 | c9 | c3 | c5 | q2 | c2long | c2xl | k32 | collect | report" >&2; exit 2 ;;
+  *) echo "usage: $0 c1c2 | q1 | c8 | c9 | c3 | c5 | q2 | c2long | c2xl | k32 [NAME...] | c4 [NAME...] | collect | report" >&2; exit 2 ;;
 esac
