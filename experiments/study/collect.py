@@ -5,7 +5,7 @@
 Per run directory (one with a ``run.json``): ``config.toml``, ``config_history.jsonl``, ``run.json``,
 ``metrics.jsonl``, ``seed_log.jsonl`` (an ES run's weights at any update are rebuilt from it with
 ``evolm replay`` on top of the base model its ``run.json`` fingerprints), ``eval_before.json``,
-``eval_after.json`` and the plots. Per other directory: the ``*.json``, ``*.md`` and ``*.png`` files
+``eval_after.json``, earlier ``eval_after_step<M>.json`` of a continued run, and the plots. Per other directory: the ``*.json``, ``*.md`` and ``*.png`` files
 (analyses, rollout-matched evaluations). Weights (``final/``, ``checkpoints/``, ``base/``, ``model/``,
 ``replay/``) and logs of progress bars stay behind.
 """
@@ -19,6 +19,8 @@ from pathlib import Path
 RUN_FILES = ("config.toml", "config_history.jsonl", "run.json", "metrics.jsonl", "seed_log.jsonl",
              "eval_before.json", "eval_after.json")
 """The files of a run directory the study commits."""
+RETIRED_EVALS = "eval_after_step*.json"
+"""A continued run's earlier end-of-run evaluations (``evolm ... --resume`` moves them aside)."""
 SKIP_DIRS = {"final", "checkpoints", "base", "model", "replay", "tensorboard", "wandb"}
 """Directories that hold weights or tracker output: never committed."""
 
@@ -28,7 +30,8 @@ def collect(src: Path, dst: Path) -> list[Path]:
     for d in sorted(p for p in src.rglob("*") if p.is_dir() and not (SKIP_DIRS & set(p.relative_to(src).parts))):
         rel = d.relative_to(src)
         if (d / "run.json").exists():
-            names = [d / f for f in RUN_FILES if (d / f).exists()] + sorted((d / "plots").glob("*.png"))
+            names = [d / f for f in RUN_FILES if (d / f).exists()] + sorted(d.glob(RETIRED_EVALS)) \
+                + sorted((d / "plots").glob("*.png"))
         else:
             names = [f for f in sorted(d.iterdir()) if f.is_file() and f.suffix in (".json", ".md", ".png")]
         for f in names:

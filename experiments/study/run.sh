@@ -109,7 +109,10 @@ case "${1:-}" in
       "$PY" -m evolm es --resume "$OUT/c2-es-240" --set es.iterations=240 --set run.budget=100000 \
         --set run.progress=false > "$OUT/c2-es-240.log" 2>&1 ;;
   k32) shift; each_model k32_one "$@" ;;
-  c4) shift; each_model c4_one "${@:-base grpo es-240}" ;;
+  c4) shift; each_model c4_one "${@:-base grpo es-240}"
+      if [ -f "$OUT/c2-es-240/eval_after.json" ] && [ ! -f "$OUT/analyses/c4/drift.json" ]; then   # drift after 240 updates
+        "$PY" -m evolm analyze drift --trained es="$OUT/c2-es-240" --trained grpo="$OUT/c1c2-grpo" --out "$OUT/analyses/c4"
+      fi ;;
   collect) "$PY" experiments/study/collect.py "$OUT" docs/study ;;
   report) "$PY" -m evolm report --study experiments/study/claims.toml --out docs ;;
   *) echo "usage: $0 c1c2 | q1 | c8 | c9 | c3 | c5 | q2 | c2long | c2xl | k32 [NAME...] | c4 [NAME...] | collect | report" >&2; exit 2 ;;
