@@ -2,6 +2,7 @@
 # The reproduction study (docs/REPRODUCTION.md): one resumable driver per claim.
 #
 #   bash experiments/study/run.sh c1c2     # C1 + C2 (+ C4, C5, C6 analyses of the same runs): ES and GRPO side by side
+#   bash experiments/study/run.sh cd       # C1 + C2 on a second task, procedural Countdown: ES and GRPO side by side, 1,200 s each
 #   bash experiments/study/run.sh q1       # Q1: ES on normalisation + attention parameters only (c1c2-es otherwise)
 #   bash experiments/study/run.sh c8       # C8: antithetic ES (c1c2-es otherwise)
 #   bash experiments/study/run.sh c9       # C9: GRPO then ES, half of each method's c1c2 update count
@@ -51,6 +52,15 @@ c1c2() {
   [ -f "$a/sparsity.json" ] || "$PY" -m evolm analyze sparsity --trained es="$OUT/c1c2-es" --trained grpo="$OUT/c1c2-grpo" --no-eval --out "$a"
 }
 
+cd_pair() {
+  # C1/C2 on procedural Countdown: both methods at once, one thread each, 1,200 s of update time each
+  run_or_resume es experiments/study/cd-es.toml cd-es > "$OUT/cd-es.log" 2>&1 &
+  local es_pid=$!
+  run_or_resume grpo experiments/study/cd-grpo.toml cd-grpo > "$OUT/cd-grpo.log" 2>&1 &
+  local grpo_pid=$!
+  wait $es_pid; wait $grpo_pid
+}
+
 single() {  # single NAME: one ES run of experiments/study/NAME.toml
   run_or_resume es "experiments/study/$1.toml" "$1" > "$OUT/$1.log" 2>&1
 }
@@ -81,13 +91,14 @@ k32_one() {  # pass@32 (the paper's largest k): c1c2's 64 held-out problems, 32 
   evaluate "$1" "$2" "$OUT/k32/$1" --like "$OUT/c1c2-es" --n 32 --k 1,2,4,8,16,32 >> "$OUT/k32.log" 2>&1
 }
 
-c4_one() {  # forgetting: Countdown (not trained on), 64 problems x 4 samples at the study's 24 tokens (~15-20 min per model)
-  evaluate "$1" "$2" "$OUT/forgetting/countdown-$1" --tasks countdown --limit 64 --n 4 --k 1,2,4 --seed 0 \
+c4_one() {  # forgetting: Countdown (not trained on), 64 problems x 16 samples at the study's 24 tokens (~6 min per model)
+  evaluate "$1" "$2" "$OUT/forgetting/countdown-$1" --tasks countdown --limit 64 --n 16 --k 1,2,4,8,16 --seed 0 \
     --max-new-tokens 24 >> "$OUT/c4.log" 2>&1
 }
 
 case "${1:-}" in
   c1c2) c1c2 ;;
+  cd) cd_pair ;;
   q1) single q1-es-norm-attention
       "$PY" experiments/study/at_step.py "$OUT/c1c2-es" 30 "$OUT/matched/c1c2-es-at-30" ;;
   c8) single c8-es-antithetic
@@ -115,5 +126,5 @@ case "${1:-}" in
       fi ;;
   collect) "$PY" experiments/study/collect.py "$OUT" docs/study ;;
   report) "$PY" -m evolm report --study experiments/study/claims.toml --out docs ;;
-  *) echo "usage: $0 c1c2 | q1 | c8 | c9 | c3 | c5 | q2 | c2long | c2xl | k32 [NAME...] | c4 [NAME...] | collect | report" >&2; exit 2 ;;
+  *) echo "usage: $0 c1c2 | cd | q1 | c8 | c9 | c3 | c5 | q2 | c2long | c2xl | k32 [NAME...] | c4 [NAME...] | collect | report" >&2; exit 2 ;;
 esac
