@@ -444,3 +444,30 @@ def test_greedy_only_evaluations_are_tabled_not_drawn(tmp_path, monkeypatch):
     assert "](study/figures/" not in section  # nothing to draw without samples
     assert "| analyses/c5/sparsity/es_x8.json |" in section or "es_x8" in section
     assert "0.609 [" in section  # es_x8's greedy mean with its interval
+
+
+def test_collect_copies_run_and_evaluation_files_and_never_weights(tmp_path):
+    """experiments/study/collect.py: a run's files (and a continued run's earlier evaluation), an
+    evaluation directory named base/, never a directory holding weights nor a run's final/."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("study_collect", ROOT / "experiments" / "study" / "collect.py")
+    collect = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(collect)
+    src, dst = tmp_path / "runs", tmp_path / "docs"
+    run = src / "es-run"
+    (run / "final").mkdir(parents=True)
+    for f in ("run.json", "config.toml", "eval_after.json", "eval_after_step160.json", "final/config.json"):
+        (run / f).write_text("{}")
+    (run / "final" / "model.safetensors").write_bytes(b"w")
+    (src / "k32" / "base").mkdir(parents=True)
+    (src / "k32" / "base" / "eval.json").write_text("{}")
+    weights = src / "analyses" / "c5" / "base"
+    weights.mkdir(parents=True)
+    for f in ("config.json", "tokenizer.json"):
+        (weights / f).write_text("{}")
+    (weights / "model.safetensors").write_bytes(b"w")
+    (src / "analyses" / "c5" / "sparsity.json").write_text("{}")
+    written = sorted(str(p.relative_to(dst)) for p in collect.collect(src, dst))
+    assert written == ["analyses/c5/sparsity.json", "es-run/config.toml", "es-run/eval_after.json",
+                       "es-run/eval_after_step160.json", "es-run/run.json", "k32/base/eval.json"]
