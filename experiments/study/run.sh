@@ -6,7 +6,7 @@
 #   bash experiments/study/run.sh q1       # Q1: ES on normalisation + attention parameters only (c1c2-es otherwise)
 #   bash experiments/study/run.sh c8       # C8: antithetic ES (c1c2-es otherwise)
 #   bash experiments/study/run.sh c9       # C9: GRPO then ES, half of each method's c1c2 update count
-#   bash experiments/study/run.sh c3       # C3: population vs centre coverage around c1c2-es's final weights (and c2-es-long's)
+#   bash experiments/study/run.sh c3       # C3: population vs centre coverage around c1c2-es's final weights (and at updates 160, 240)
 #   bash experiments/study/run.sh q2       # Q2: base, ES and GRPO fake-quantised to int8 / int4 and re-evaluated
 #   bash experiments/study/run.sh c5       # C5: the masked models (small update coordinates zeroed), re-evaluated greedily
 #   bash experiments/study/run.sh c2long   # C2: c1c2-es continued to 4,800 s of update time (a copy, resumed with a larger budget)
@@ -109,6 +109,10 @@ case "${1:-}" in
       if [ -d "$OUT/c2-es-long/final" ]; then   # the same around update 160, after c2long
         [ -f "$OUT/analyses/c3-at-160/diversity.json" ] || "$PY" -m evolm analyze diversity --model "$OUT/c2-es-long" \
           --count 64 --samples-per-member 4 --threads 1 --out "$OUT/analyses/c3-at-160"
+      fi
+      if [ -f "$OUT/c2-es-240/eval_after.json" ]; then   # and around update 240, after c2xl
+        [ -f "$OUT/analyses/c3-at-240/diversity.json" ] || "$PY" -m evolm analyze diversity --model "$OUT/c2-es-240" \
+          --count 64 --samples-per-member 4 --threads 1 --out "$OUT/analyses/c3-at-240"
       fi ;;
   c5) [ -f "$OUT/analyses/c5/sparsity.json" ] || "$PY" -m evolm analyze sparsity --trained es="$OUT/c1c2-es" \
         --trained grpo="$OUT/c1c2-grpo" --threads 1 --out "$OUT/analyses/c5" ;;
