@@ -38,27 +38,21 @@ run_or_resume() {
   fi
 }
 
-c1c2() {
-  # both methods at once, one thread each, on the same budget of update seconds
-  run_or_resume es experiments/study/c1c2-es.toml c1c2-es > "$OUT/c1c2-es.log" 2>&1 &
+side_by_side() {  # side_by_side PREFIX: PREFIX-es and PREFIX-grpo at once, one thread each, on the same budget of update seconds
+  run_or_resume es "experiments/study/$1-es.toml" "$1-es" > "$OUT/$1-es.log" 2>&1 &
   local es_pid=$!
-  run_or_resume grpo experiments/study/c1c2-grpo.toml c1c2-grpo > "$OUT/c1c2-grpo.log" 2>&1 &
+  run_or_resume grpo "experiments/study/$1-grpo.toml" "$1-grpo" > "$OUT/$1-grpo.log" 2>&1 &
   local grpo_pid=$!
   wait $es_pid; wait $grpo_pid
+}
+
+c1c2() {
+  side_by_side c1c2
   "$PY" experiments/study/matched.py "$OUT/c1c2-es" "$OUT/c1c2-grpo" --out "$OUT/matched"   # ES at GRPO's rollouts, evaluated like the runs
   local a="$OUT/analyses/c1c2"
   [ -f "$a/drift.json" ] || "$PY" -m evolm analyze drift --trained es="$OUT/c1c2-es" --trained grpo="$OUT/c1c2-grpo" --out "$a"
   [ -f "$a/localisation.json" ] || "$PY" -m evolm analyze localisation --trained es="$OUT/c1c2-es" --trained grpo="$OUT/c1c2-grpo" --out "$a"
   [ -f "$a/sparsity.json" ] || "$PY" -m evolm analyze sparsity --trained es="$OUT/c1c2-es" --trained grpo="$OUT/c1c2-grpo" --no-eval --out "$a"
-}
-
-cd_pair() {
-  # C1/C2 on procedural Countdown: both methods at once, one thread each, 1,200 s of update time each
-  run_or_resume es experiments/study/cd-es.toml cd-es > "$OUT/cd-es.log" 2>&1 &
-  local es_pid=$!
-  run_or_resume grpo experiments/study/cd-grpo.toml cd-grpo > "$OUT/cd-grpo.log" 2>&1 &
-  local grpo_pid=$!
-  wait $es_pid; wait $grpo_pid
 }
 
 single() {  # single NAME: one ES run of experiments/study/NAME.toml
@@ -98,7 +92,7 @@ c4_one() {  # forgetting: Countdown (not trained on), 64 problems x 16 samples a
 
 case "${1:-}" in
   c1c2) c1c2 ;;
-  cd) cd_pair ;;
+  cd) side_by_side cd ;;   # C1/C2 on procedural Countdown, 1,200 s of update time each
   q1) single q1-es-norm-attention
       "$PY" experiments/study/at_step.py "$OUT/c1c2-es" 30 "$OUT/matched/c1c2-es-at-30" ;;
   c8) single c8-es-antithetic
