@@ -124,3 +124,12 @@ def test_update_spread_known_answers():
     assert with_zero["cosine_matrix"][2][2] is None
     with pytest.raises(ValueError):
         update_spread(u[None, :])
+
+
+def test_population_rows_carry_zero_updates_and_members_against_the_centre():
+    versus = {"above": 1, "tied": 17, "below": 2, "members": 20, "updates": 2}
+    points = [point({"es.population": 10}, [0.1, 0.2], update_status={"applied": 1, "zero": 1}, members_vs_centre=versus),
+              point({"es.population": 30}, [0.1, 0.3], update_status={"applied": 2})]
+    rows = {r["value"]: r for r in ab.population_scaling(points)["groups"]["all"]["rows"]}
+    assert rows[10]["zero_updates"] == 1 and rows[10]["members_vs_centre"] == versus
+    assert rows[30]["zero_updates"] == 0 and rows[30]["members_vs_centre"] is None

@@ -471,3 +471,68 @@ def test_collect_copies_run_and_evaluation_files_and_never_weights(tmp_path):
     written = sorted(str(p.relative_to(dst)) for p in collect.collect(src, dst))
     assert written == ["analyses/c5/sparsity.json", "es-run/config.toml", "es-run/eval_after.json",
                        "es-run/eval_after_step160.json", "es-run/run.json", "k32/base/eval.json"]
+
+
+def test_contrast_interval_resamples_each_set_on_its_own():
+    first = [0.0, 1.0] * 32
+    # with a constant second set the contrast is the first set's own bootstrap (same seed, same resamples)
+    assert study.contrast_interval(first, [0.0] * 23) == bootstrap_interval(first)
+    assert study.contrast_interval(first, [0.25] * 23) == tuple(round(x - 0.25, 12) for x in bootstrap_interval(first))
+    mean, lo, hi = study.contrast_interval([0.5] * 64, [0.0, 0.5] * 10)
+    assert mean == pytest.approx(0.25) and lo < 0.25 < hi and lo >= 0.0 and hi <= 0.5
+    with pytest.raises(ValueError, match="at least one problem in each set"):
+        study.contrast_interval([1.0], [])
+
+
+def test_contrast_of_gaps_on_two_problem_sets(tmp_path):
+    """C7's test: the N = 10 -> 30 gap at one scale against the same gap at another, on each model's own problems."""
+    data = tmp_path / "data"
+    data.mkdir(parents=True)
+    other = [f"other:{i}" for i in range(23)]
+    files = {"s10": problems([4] * 64), "s30": problems([12] * 64),  # gap +0.5 on the first set
+             "g10": problems([8] * 23, ids=other), "g30": problems([8] * 23, ids=other)}  # gap 0 on the second
+    for name, probs in files.items():
+        (data / f"{name}.json").write_text(json.dumps(run_eval("after", probs)))
+    body = ('[[claim]]\nid = "C7"\nclaim = "c"\n\n[[claim.test]]\nkind = "contrast"\na = "s10.json"\nb = "s30.json"\n'
+            'c = "g10.json"\nd = "g30.json"\nmetric = "pass@1"\nexpect = "first_greater"\n')
+    r = outcome(tmp_path, body)[0].tests[0]
+    assert (r.verdict, r.estimate, r.interval) == (REPRODUCED, pytest.approx(0.5), [0.5, 0.5])
+    assert (r.a, r.b, r.problems) == (pytest.approx(0.5), pytest.approx(0.0), 87) and len(r.files) == 4
+    said = study.describe(r)
+    assert "first gap +0.500, second gap +0.000" in said and "64 + 23 problems" in said
+    assert r.label == "pass@1 of (s30.json − s10.json) − (g30.json − g10.json)"
+    assert outcome(tmp_path, body.replace("first_greater", "second_greater"))[0].tests[0].verdict == CONTRADICTED
+    # equal gaps on both sets: the interval holds 0
+    (data / "s30.json").write_text(json.dumps(run_eval("after", problems([4] * 64))))
+    assert outcome(tmp_path, body)[0].tests[0].verdict == INCONCLUSIVE
+    # within a pair the problems must be the same; a missing file is "not run"; d is required
+    (data / "g30.json").write_text(json.dumps(run_eval("after", problems([8] * 23))))
+    with pytest.raises(UserError, match="hold different problems"):
+        outcome(tmp_path, body)
+    (data / "g30.json").unlink()
+    assert outcome(tmp_path, body)[0].tests[0].verdict == NOT_RUN
+    with pytest.raises(ConfigError, match='needs d'):
+        load_claims(write_claims(tmp_path / "claims.toml", data, body.replace('d = "g30.json"\n', "")))
+    with pytest.raises(ConfigError, match="does not take task"):
+        load_claims(write_claims(tmp_path / "claims.toml", data, body + 'task = "arithmetic"\n'))
+
+
+def test_page_shows_the_sweep_of_a_tested_point(tmp_path, monkeypatch):
+    """A test naming a sweep point's file brings the sweep's section (curves, population-scaling band) to the page."""
+    monkeypatch.chdir(tmp_path)
+    data = Path("data")
+    points = []
+    for n, after in ((10, [5] * 64), (30, [9] * 64)):
+        name = f"es.population={n}"
+        write_run(data / "c7", name, [4] * 64, after)
+        points.append({"name": name, "assignments": {"es.population": n}, "dir": name, "status": "finished"})
+    (data / "c7" / "sweep.json").write_text(json.dumps({"format": 1, "kind": "es", "grid": {"es.population": [10, 30]},
+                                                        "points": points}))
+    body = ('[[claim]]\nid = "C7"\nclaim = "c"\n\n[[claim.test]]\nkind = "compare"\na = "c7/es.population=10/eval_after.json"\n'
+            'b = "c7/es.population=30/eval_after.json"\nmetric = "pass@1"\nexpect = "b_greater"\n')
+    build_study(write_claims(Path("claims.toml"), data, body), "docs")
+    md = Path("docs/REPRODUCTION.md").read_text()
+    assert "## Sweep c7 (es): es.population" in md
+    sweep = md.split("## Sweep c7 (es): es.population")[1]
+    assert "population" in sweep.lower() and "](study/figures/sweep-c7-curves" in sweep
+    assert "- `data/c7/sweep.json`" in md.split("## Files read")[1]

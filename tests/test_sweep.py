@@ -169,3 +169,26 @@ def test_cli_sweep_errors(tmp_path, capsys):
     assert "--grid" in capsys.readouterr().err
     assert main(["sweep", "--grid", "es.sigmaa=0.1", "--out", str(tmp_path / "s")]) == 2
     assert "did you mean 'sigma'" in capsys.readouterr().err
+
+
+def test_members_against_the_centre_from_a_points_metrics(tmp_path):
+    """An ES point that scored its centre on each update's prompts: members above, equal to and below it."""
+    from evolm.sweep import members_vs_centre, point_metrics
+
+    assert members_vs_centre([([0.5, 0.6, 0.4, 0.5 + 1e-15], 0.5), ([0.2, 0.2], 0.1)]) == \
+        {"above": 3, "tied": 2, "below": 1, "members": 6, "updates": 2}
+    run = tmp_path / "point"
+    run.mkdir()
+    (run / "run.json").write_text(json.dumps({"kind": "es", "status": "finished"}))
+    (run / "config.toml").write_text("[es]\npopulation = 3\n")
+    records = [{"step": 1, "kind": "train", "reward_mean": 0.5, "fitness": [0.5, 0.5, 0.5], "center_reward": 0.5,
+                "update_status": "zero"},
+               {"step": 2, "kind": "train", "reward_mean": 0.5, "fitness": [0.4, 0.5, 0.6], "center_reward": 0.5,
+                "update_status": "applied"}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    m = point_metrics(run)
+    assert m["members_vs_centre"] == {"above": 1, "tied": 4, "below": 1, "members": 6, "updates": 2}
+    assert m["update_status"] == {"zero": 1, "applied": 1}
+    records = [{k: v for k, v in r.items() if k != "center_reward"} for r in records]  # the centre not scored
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert "members_vs_centre" not in point_metrics(run)

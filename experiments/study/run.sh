@@ -6,6 +6,7 @@
 #   bash experiments/study/run.sh q1       # Q1: ES on normalisation + attention parameters only (c1c2-es otherwise)
 #   bash experiments/study/run.sh c8       # C8: antithetic ES (c1c2-es otherwise)
 #   bash experiments/study/run.sh c9       # C9: GRPO then ES, half of each method's c1c2 update count
+#   bash experiments/study/run.sh c7       # C7: ES with N = 10, 20, 30 (SmolLM2-135M) and 10, 30 (Gemma-3-270M), 20 updates each
 #   bash experiments/study/run.sh c3       # C3: population vs centre coverage around c1c2-es's final weights (and at updates 160, 240)
 #   bash experiments/study/run.sh q2       # Q2: base, ES and GRPO fake-quantised to int8 / int4 and re-evaluated
 #   bash experiments/study/run.sh c5       # C5: the masked models (small update coordinates zeroed), re-evaluated greedily
@@ -98,6 +99,13 @@ case "${1:-}" in
   c8) single c8-es-antithetic
       "$PY" experiments/study/at_step.py "$OUT/c1c2-es" 30 "$OUT/matched/c1c2-es-at-30" ;;
   c9) run_or_resume pipeline experiments/study/c9-pipeline-grpo-es.toml c9-pipeline-grpo-es > "$OUT/c9-pipeline-grpo-es.log" 2>&1 ;;
+  c7) # the two sweeps at once, one thread each; re-running resumes unfinished points. Gemma's members cost ~6 s
+      # each against SmolLM2's ~4 s, so its sweep skips N = 20 (the tests compare N = 10 with N = 30)
+      for m in smollm2:10,20,30 gemma:10,30; do
+        "$PY" -m evolm sweep --config "experiments/study/c7-${m%%:*}.toml" --grid "es.population=${m#*:}" \
+          --set run.progress=false --out "$OUT/c7-${m%%:*}" > "$OUT/c7-${m%%:*}.log" 2>&1 &
+      done
+      wait ;;
   c3) [ -f "$OUT/analyses/c3/diversity.json" ] || "$PY" -m evolm analyze diversity --model "$OUT/c1c2-es" --count 64 \
         --samples-per-member 4 --threads 1 --out "$OUT/analyses/c3"
       if [ -d "$OUT/c2-es-long/final" ]; then   # the same around update 160, after c2long
@@ -124,5 +132,5 @@ case "${1:-}" in
       fi ;;
   collect) "$PY" experiments/study/collect.py "$OUT" docs/study ;;
   report) "$PY" -m evolm report --study experiments/study/claims.toml --out docs ;;
-  *) echo "usage: $0 c1c2 | cd | q1 | c8 | c9 | c3 | c5 | q2 | c2long | c2xl | k32 [NAME...] | c4 [NAME...] | collect | report" >&2; exit 2 ;;
+  *) echo "usage: $0 c1c2 | cd | q1 | c8 | c9 | c7 | c3 | c5 | q2 | c2long | c2xl | k32 [NAME...] | c4 [NAME...] | collect | report" >&2; exit 2 ;;
 esac

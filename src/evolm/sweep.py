@@ -28,7 +28,10 @@ Design decisions:
   measuring the same weights again.
 - ``collect_sweep`` reads the run directories only (``RunDir``'s read side) and writes
   ``sweep_summary.json`` and ``sweep.md``: per point the training-reward curve and final value,
-  held-out before/after summaries, seconds, peak RSS, generated tokens and the evaluation budget.
+  held-out before/after summaries, seconds, peak RSS, generated tokens and the evaluation budget; for
+  an ES point that scored its centre on each update's prompts (``es.eval_center_every = 1``), how many
+  member evaluations scored above, equal to and below the centre (``members_vs_centre``: the density of
+  task-changing perturbations at that σ, with its mirror image as the baseline).
   The ablation analyses (population scaling, σ, estimator, shaping) are results, not jobs: the CLI
   passes ``evolm.analysis.ablations.ablations_for`` as ``analyze`` and its output is stored beside.
 - Job kinds come from ``evolm.registry`` (es, grpo, pipeline). Tests inject their own
@@ -320,6 +323,21 @@ def run_sweep(base: dict, grid: dict[str, list[Any]], out: str | Path, *, kind: 
 # -- collecting --------------------------------------------------------------------------------------
 
 
+def members_vs_centre(scored, tolerance: float = 1e-12) -> dict:
+    """Counts of member evaluations scoring above, equal to (within ``tolerance``) and below the unperturbed
+    centre on the same prompts, from ``(fitness list, centre reward)`` per update (pure)."""
+    above = tied = below = 0
+    for fitness, centre in scored:
+        for f in fitness:
+            if f > centre + tolerance:
+                above += 1
+            elif f < centre - tolerance:
+                below += 1
+            else:
+                tied += 1
+    return {"above": above, "tied": tied, "below": below, "members": above + tied + below, "updates": len(scored)}
+
+
 def point_metrics(path: str | Path) -> dict:
     """The numbers of one run directory a sweep summary and the ablations need (reads files only)."""
     run = RunDir(path)
@@ -353,6 +371,10 @@ def point_metrics(path: str | Path) -> dict:
         "peak_rss_mb": max(rss) if rss else None,
         "evaluations": members * len(train) if members and info.get("kind", "es") == "es" else None,
     }
+    scored = [(r["fitness"], r["center_reward"]) for r in train
+              if isinstance(r.get("fitness"), list) and r.get("center_reward") is not None]
+    if scored:
+        out["members_vs_centre"] = members_vs_centre(scored)
     if info.get("plan"):  # a pipeline: its stages as run
         out["stages"] = " ".join(f"{s['method']}:{s['updates']}" for s in info["plan"])
     return out

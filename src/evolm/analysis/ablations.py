@@ -19,7 +19,10 @@ Definitions (stated once, used everywhere):
   the group), compared on the updates both logged, ``within_band_from`` is the first update u such
   that for every compared update u' ≥ u: ``|r_N(u') − r_ref(u')| ≤ band × |r_ref(u')|``
   (``mode="relative"``, default band 0.005 = 0.5%) or ``≤ band`` (``mode="absolute"``); None when even
-  the last update is outside the band. The reference itself is within from its first update.
+  the last update is outside the band. The reference itself is within from its first update. Each row
+  also carries the point's zero updates (all members scored the same, so no step was taken) and, when
+  the centre was scored, how many members scored above / equal to / below it (``members_vs_centre``):
+  the fewer members change an output, the more of them an update needs to see any signal.
 - σ sweep: per σ, start reward (first update), final reward (smoothed, last update), the fraction
   of zero updates (all members scored the same: σ too small to change any output), and flags:
   ``no_signal`` (zero-update fraction ≥ ``no_signal``, default 0.5), ``below_start`` (final < start),
@@ -150,7 +153,9 @@ def population_scaling(points, key: str = "es.population", reference=None, band:
         rows, curves = [], {}
         for v, p in members:
             steps, curve = _curve(p, window)
+            counts = p.get("update_status") or {}
             row = {"value": v, "name": p.get("name"), "final_reward": curve[-1] if curve else None,
+                   "zero_updates": counts.get("zero", 0), "members_vs_centre": p.get("members_vs_centre"),
                    "updates": steps[-1] if steps else 0, **first_within_band(steps, curve, ref_steps, ref_curve, band, mode)}
             rows.append(row)
             curves[str(v)] = [[s, r] for s, r in zip(steps, curve)]

@@ -16,6 +16,7 @@ import argparse
 from evolm import config
 from evolm.errors import UserError
 from evolm.report import build_report, build_study
+from evolm.report.sweeps import BAND, BAND_MODE, WINDOW
 
 
 def parse_labels(items: list[str]) -> dict[str, str]:
@@ -79,9 +80,9 @@ def register(subparsers) -> None:
                    help="the quantity runs are compared on: x-axis of the training-reward and probe curves, and the "
                         "matched column of the budget table (default: updates)")
     g = p.add_argument_group("sweep ablations")
-    g.add_argument("--window", type=int, default=1, help="trailing moving-average window for reward curves (default: 1 = none)")
-    g.add_argument("--band", type=float, default=0.005, help="population-scaling band (default: 0.005 = 0.5%%)")
-    g.add_argument("--band-mode", default="relative", choices=["relative", "absolute"],
+    g.add_argument("--window", type=int, default=WINDOW, help="trailing moving-average window for reward curves (default: 1 = none)")
+    g.add_argument("--band", type=float, default=BAND, help="population-scaling band (default: 0.005 = 0.5%%)")
+    g.add_argument("--band-mode", default=BAND_MODE, choices=["relative", "absolute"],
                    help="band relative to the reference reward (|Δ| <= band·|r_ref|) or absolute (|Δ| <= band) (default: relative)")
     g.add_argument("--reference", metavar="N", help="reference population size (default: the largest N of each group)")
     p.set_defaults(func=_cmd_report)

@@ -46,7 +46,7 @@ from evolm.report.read import Reader, gather
 from evolm.report.reproduction import build_study
 from evolm.report.sections import ANALYSIS_SECTIONS, analysis_sections, budget_section, cost_section, passk_section, probe_section, reward_section, runs_section
 from evolm.runs import MATCH_FIELDS
-from evolm.report.sweeps import sweep_sections
+from evolm.report.sweeps import BAND, BAND_MODE, WINDOW, sweep_sections
 from evolm.runs import atomic_write_json, atomic_write_text
 
 __all__ = ["ANALYSIS_SECTIONS", "ReportResult", "build_report", "build_study"]
@@ -62,7 +62,7 @@ class ReportResult:
 
 
 def build_report(paths: list[str], out: str | Path, labels: dict[str, str] | None = None, title: str = "evolm report",
-                 window: int = 1, band: float = 0.005, band_mode: str = "relative", reference=None,
+                 window: int = WINDOW, band: float = BAND, band_mode: str = BAND_MODE, reference=None,
                  match: str = "updates") -> ReportResult:
     """Read the inputs, draw the figures, and write report.md, report.html and report.json into ``out``.
 

@@ -6,13 +6,16 @@ tests it and ``[[claim.test]]`` entries naming the committed files that decide i
 ``ClaimTest``). This module loads and checks that file and turns every test into a number with an
 interval and a verdict; ``report.reproduction`` lays them out as ``docs/REPRODUCTION.md``.
 
-Three kinds of test:
+Four kinds of test:
 
 - ``change``: a run's ``eval_after.json`` against its ``eval_before.json`` on one metric.
 - ``compare``: two evaluation files (``a``, ``b``) measured on the same problems, e.g. GRPO's
   ``eval_after.json`` against ES evaluated at GRPO's rollout budget; with ``a_base`` and ``b_base``, the two
   sides' changes from their own baselines, (b − b_base) − (a − a_base) per problem (a difference in
   differences: does int4 cost ES more than it costs GRPO?).
+- ``contrast``: two gaps measured on two different problem sets, (b − a) − (d − c): ``a``/``b`` are
+  evaluated on one set of problems, ``c``/``d`` on another (e.g. N = 10 against N = 30 at one model scale
+  and at another, on each model's own task); does the first gap exceed the second?
 - ``value``: one number or enrichment record in an analysis JSON (``drift.json``,
   ``localisation.json``, ``sparsity.json``), optionally divided by a second number (``over``),
   against a threshold; or a per-problem list (``diversity.json``'s ``population_per_prompt``), optionally
@@ -28,6 +31,8 @@ Statistics (pure functions over what was read):
   before) are resampled with replacement ``BOOTSTRAP_RESAMPLES`` = 2000 times with the fixed seed
   ``BOOTSTRAP_SEED``, and the 95% percentile interval of the resampled mean is reported with the
   observed mean difference. Problems missing the metric on either side (no entropy recorded) are left out.
+  A contrast pairs within each set and resamples the two sets independently (``contrast_interval``): the
+  interval is of mean(b − a) − mean(d − c), each set resampled with its own fixed seed.
 - Verdicts (``interval_verdict``): "reproduced" when the interval excludes 0 in the expected
   direction, "contradicted" when it excludes 0 in the opposite one, "inconclusive at this scale"
   otherwise. ``not_down`` and ``equal`` are non-inferiority and equivalence tests with a margin of
@@ -85,15 +90,17 @@ VERDICTS = (REPRODUCED, CONTRADICTED, INCONCLUSIVE, NOT_RUN)
 """Every verdict a test or a claim can get."""
 
 EXPECTS = {"change": ("up", "down", "not_down"), "compare": ("a_greater", "b_greater", "equal", "b_not_less"),
-           "value": (">", "<")}
+           "contrast": ("first_greater", "second_greater"), "value": (">", "<")}
 """The ``expect`` values each kind of test takes."""
 REQUIRED = {"change": ("run", "metric", "expect"), "compare": ("a", "b", "metric", "expect"),
-            "value": ("file", "path", "expect", "threshold")}
+            "contrast": ("a", "b", "c", "d", "metric", "expect"), "value": ("file", "path", "expect", "threshold")}
 """The fields each kind of test needs."""
-OPTIONAL = {"change": ("task", "not_run"), "compare": ("a_base", "b_base", "task", "not_run"), "value": ("over", "minus", "not_run")}
+OPTIONAL = {"change": ("task", "not_run"), "compare": ("a_base", "b_base", "task", "not_run"), "contrast": ("not_run",),
+            "value": ("over", "minus", "not_run")}
 """The fields each kind of test may set besides ``kind`` and its required ones."""
 EXAMPLES = {"run": 'run = "c1c2-es"', "metric": 'metric = "pass@1"', "a": 'a = "c1c2-grpo/eval_after.json"',
-            "b": 'b = "matched/es-at-grpo-sequences/eval.json"', "file": 'file = "analyses/c1c2/drift.json"',
+            "b": 'b = "matched/es-at-grpo-sequences/eval.json"', "c": 'c = "c7-gemma/es.population=10/eval_after.json"',
+            "d": 'd = "c7-gemma/es.population=30/eval_after.json"', "file": 'file = "analyses/c1c2/drift.json"',
             "path": 'path = "models.es.relative_distance"', "threshold": "threshold = 1.0"}
 
 
@@ -116,7 +123,8 @@ class ClaimTest:
 
     kind: str = ""
     """Required: ``change`` (a run's eval_after.json against its eval_before.json), ``compare`` (two evaluation files on
-    the same problems) or ``value`` (a number or enrichment record in an analysis JSON against a threshold)."""
+    the same problems), ``contrast`` (the gap b − a on one problem set against the gap d − c on another) or
+    ``value`` (a number or enrichment record in an analysis JSON against a threshold)."""
     run: str = ""
     """change: the run directory under the data directory (e.g. ``c1c2-es``)."""
     metric: str = ""
@@ -124,12 +132,17 @@ class ClaimTest:
     samples' token entropy, nats) or ``greedy`` (greedy answer correct)."""
     expect: str = ""
     """change: ``up``, ``down`` or ``not_down`` (after − before); compare: ``a_greater``, ``b_greater``, ``equal``
-    or ``b_not_less`` (b − a; the last two with a margin of one problem's share); value: ``>`` or ``<`` the threshold."""
+    or ``b_not_less`` (b − a; the last two with a margin of one problem's share); contrast: ``first_greater`` or
+    ``second_greater`` ((b − a) − (d − c) above or below 0); value: ``>`` or ``<`` the threshold."""
     a: str = ""
-    """compare: the first evaluation file, relative to the data directory (``eval.json`` of ``evolm eval`` or a
+    """compare, contrast: the first evaluation file, relative to the data directory (``eval.json`` of ``evolm eval`` or a
     run's ``eval_before.json`` / ``eval_after.json``)."""
     b: str = ""
-    """compare: the second evaluation file; the difference reported is b − a."""
+    """compare, contrast: the second evaluation file; the difference reported is b − a."""
+    c: str = ""
+    """contrast: the first evaluation file of the second problem set (the second gap is d − c)."""
+    d: str = ""
+    """contrast: the second evaluation file of the second problem set."""
     a_base: str = ""
     """compare: ``a``'s own baseline on the same problems (e.g. the uncompressed model); with ``b_base`` the test
     compares changes, (b − b_base) − (a − a_base) per problem (e.g. whether ES loses more than GRPO under int4)."""
@@ -226,7 +239,7 @@ def check_claims(claims: ClaimsFile, where: str) -> None:
             for f in REQUIRED[t.kind]:
                 if getattr(t, f) in ("", None):
                     raise ConfigError(f"{what} needs {f} (e.g. {EXAMPLES[f]})")
-            extra = [f for f in ("run", "metric", "a", "b", "a_base", "b_base", "file", "path", "over", "minus", "threshold", "task")
+            extra = [f for f in ("run", "metric", "a", "b", "c", "d", "a_base", "b_base", "file", "path", "over", "minus", "threshold", "task")
                      if f not in REQUIRED[t.kind] + OPTIONAL[t.kind] and getattr(t, f) not in ("", None)]
             if extra:
                 raise ConfigError(f"{what} does not take {', '.join(extra)}; a {t.kind} test takes "
@@ -292,12 +305,38 @@ def bootstrap_interval(diffs: Sequence[float], resamples: int = BOOTSTRAP_RESAMP
     d = np.asarray(diffs, dtype=np.float64)
     if d.size == 0:
         raise ValueError("a bootstrap needs at least one problem")
-    idx = np.random.default_rng(seed).integers(0, d.size, size=(resamples, d.size))
-    means = d[idx].mean(axis=1)
-    lo, hi = np.percentile(means, [100 * (1 - level) / 2, 100 * (1 + level) / 2])
-    # the per-problem values are fractions (c/n, pass@k ratios); a resample whose differences cancel
-    # exactly can come out as +-1e-17 in float sums, which must not "exclude 0" (seen on C8: [6.9e-18, 0.021])
-    return tuple(round(float(x), ROUND_DIGITS) + 0.0 for x in (d.mean(), lo, hi))
+    return _rounded(d.mean(), *_percentiles(_resampled_means(d, resamples, seed), level))
+
+
+def _resampled_means(values: np.ndarray, resamples: int, seed: int) -> np.ndarray:
+    """The mean over rows (problems) of ``resamples`` resamples of ``values``'s rows with replacement, drawn with
+    ``seed``: shape (resamples,) for a vector, (resamples, columns) for a matrix."""
+    idx = np.random.default_rng(seed).integers(0, values.shape[0], size=(resamples, values.shape[0]))
+    return values[idx].mean(axis=1)
+
+
+def _percentiles(means: np.ndarray, level: float):
+    """The two ends of the central ``level`` percentile interval of ``means`` (per column for a matrix)."""
+    return np.percentile(means, [100 * (1 - level) / 2, 100 * (1 + level) / 2], axis=0)
+
+
+def _rounded(*values) -> tuple[float, ...]:
+    """``values`` rounded to ``ROUND_DIGITS``: the per-problem values are fractions (c/n, pass@k ratios); a resample
+    whose differences cancel exactly can come out as +-1e-17 in float sums, which must not "exclude 0" (seen on C8:
+    [6.9e-18, 0.021])."""
+    return tuple(round(float(x), ROUND_DIGITS) + 0.0 for x in values)
+
+
+def contrast_interval(first: Sequence[float], second: Sequence[float], resamples: int = BOOTSTRAP_RESAMPLES,
+                      seed: int = BOOTSTRAP_SEED, level: float = LEVEL) -> tuple[float, float, float]:
+    """``(mean, lo, hi)`` of mean(first) − mean(second) for per-problem differences on two *different* problem sets:
+    each set is resampled with replacement on its own (seeds ``seed`` and ``seed + 1``), and the interval is the
+    percentile interval of the difference of the resampled means."""
+    d1, d2 = (np.asarray(x, dtype=np.float64) for x in (first, second))
+    if d1.size == 0 or d2.size == 0:
+        raise ValueError("a contrast needs at least one problem in each set")
+    diff = _resampled_means(d1, resamples, seed) - _resampled_means(d2, resamples, seed + 1)
+    return _rounded(d1.mean() - d2.mean(), *_percentiles(diff, level))
 
 
 def bootstrap_curve(values: np.ndarray, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED,
@@ -305,9 +344,7 @@ def bootstrap_curve(values: np.ndarray, resamples: int = BOOTSTRAP_RESAMPLES, se
     """Mean and percentile band of each column of ``values`` (problems × points, e.g. pass@k for k = 1..n),
     resampling the problems (rows) with replacement, the same resamples for every column."""
     v = np.asarray(values, dtype=np.float64)
-    idx = np.random.default_rng(seed).integers(0, v.shape[0], size=(resamples, v.shape[0]))
-    means = v[idx].mean(axis=1)
-    lo, hi = np.percentile(means, [100 * (1 - level) / 2, 100 * (1 + level) / 2], axis=0)
+    lo, hi = _percentiles(_resampled_means(v, resamples, seed), level)
     return v.mean(axis=0).tolist(), lo.tolist(), hi.tolist()
 
 
@@ -315,9 +352,9 @@ def interval_verdict(expect: str, lo: float, hi: float, problems: int) -> str:
     """The verdict of a difference with interval ``[lo, hi]`` (change: after − before; compare: b − a) measured on
     ``problems`` problems (module docstring)."""
     margin = 1.0 / problems
-    if expect in ("up", "b_greater"):
+    if expect in ("up", "b_greater", "first_greater"):
         return REPRODUCED if lo > 0 else CONTRADICTED if hi < 0 else INCONCLUSIVE
-    if expect in ("down", "a_greater"):
+    if expect in ("down", "a_greater", "second_greater"):
         return REPRODUCED if hi < 0 else CONTRADICTED if lo > 0 else INCONCLUSIVE
     if expect in ("not_down", "b_not_less"):
         return REPRODUCED if lo > -margin else CONTRADICTED if hi < 0 else INCONCLUSIVE
@@ -397,19 +434,19 @@ class Outcome:
     expect: str = ""
     """The expected direction (the test's ``expect``)."""
     estimate: float | None = None
-    """change / compare: the mean per-problem difference (after − before, b − a); value: the value, ratio or
-    enrichment."""
+    """change / compare: the mean per-problem difference (after − before, b − a); contrast: (b − a) − (d − c);
+    value: the value, ratio or enrichment."""
     interval: list[float] | None = None
     """The estimate's 95% interval (bootstrap over problems, or an enrichment's exact interval); None for an exact
     number."""
     null: list[float] | None = None
     """value: the permutation null's 95% interval of a share-of-‖Δ‖² enrichment."""
     a: float | None = None
-    """change: the before mean; compare: a's mean (over the paired problems)."""
+    """change: the before mean; compare: a's mean (over the paired problems); contrast: the first gap, mean b − a."""
     b: float | None = None
-    """change: the after mean; compare: b's mean."""
+    """change: the after mean; compare: b's mean; contrast: the second gap, mean d − c."""
     problems: int | None = None
-    """Problems paired (change, compare)."""
+    """Problems paired (change, compare; contrast: both sets together)."""
     p: float | None = None
     """value: the enrichment's p-value in the expected direction (one-sided for counts, two-sided for shares)."""
     threshold: float | None = None
@@ -470,13 +507,19 @@ def _minus(x: dict, base: dict) -> dict:
     return {i: None if x[i] is None or base[i] is None else x[i] - base[i] for i in x}
 
 
+def _missing(result: Outcome, paths: list[Path]) -> bool:
+    """Whether any of ``paths`` is missing; if so ``result`` (still "not run") says which."""
+    missing = [str(p) for p in paths if not p.exists()]
+    if missing:
+        result.detail = f"{' and '.join(missing)} missing"
+    return bool(missing)
+
+
 def _paired(claim: str, test: ClaimTest, label: str, paths: list[Path], read: Callable[[Path], Any]) -> Outcome:
     """compare: b − a per problem; with ``a_base`` / ``b_base`` (``paths[2:]``), (b − b_base) − (a − a_base)."""
     a_path, b_path = paths[0], paths[1]
     result = Outcome(claim, test.kind, label, NOT_RUN, expect=test.expect, files=[str(p) for p in paths])
-    missing = [str(p) for p in paths if not p.exists()]
-    if missing:
-        result.detail = f"{' and '.join(missing)} missing"
+    if _missing(result, paths):
         return result
     va, vb = (_values(p, test.metric, test.task, read) for p in (a_path, b_path))
     _same_problems(va, vb, a_path, b_path)
@@ -494,6 +537,28 @@ def _paired(claim: str, test: ClaimTest, label: str, paths: list[Path], read: Ca
     result.verdict = interval_verdict(test.expect, lo, hi, len(pairs))
     result.estimate, result.interval, result.problems = mean, [lo, hi], len(pairs)
     result.a, result.b = sum(x for x, _ in pairs) / len(pairs), sum(y for _, y in pairs) / len(pairs)
+    return result
+
+
+def _contrast(claim: str, test: ClaimTest, label: str, paths: list[Path], read: Callable[[Path], Any]) -> Outcome:
+    """contrast: (b − a) per problem of the first set against (d − c) per problem of the second."""
+    result = Outcome(claim, test.kind, label, NOT_RUN, expect=test.expect, files=[str(p) for p in paths])
+    if _missing(result, paths):
+        return result
+    gaps = []
+    for x_path, y_path in (paths[:2], paths[2:]):
+        vx, vy = (_values(p, test.metric, "", read) for p in (x_path, y_path))
+        _same_problems(vx, vy, x_path, y_path)
+        gaps.append([vy[i] - vx[i] for i in vx if vx[i] is not None and vy[i] is not None])
+    if not gaps[0] or not gaps[1]:
+        result.detail = f"no per-problem {test.metric} in {' or '.join(map(str, paths))}"
+        return result
+    mean, lo, hi = contrast_interval(gaps[0], gaps[1])
+    result.verdict = interval_verdict(test.expect, lo, hi, min(map(len, gaps)))
+    result.estimate, result.interval = mean, [lo, hi]
+    result.a, result.b = (sum(g) / len(g) for g in gaps)
+    result.problems = len(gaps[0]) + len(gaps[1])
+    result.detail = f"{len(gaps[0])} + {len(gaps[1])} problems"
     return result
 
 
@@ -535,9 +600,7 @@ def _value(claim: str, test: ClaimTest, label: str, files: list[Path], read: Cal
     path, over = files[0], (files[1] if test.over or test.minus else None)
     result = Outcome(claim, test.kind, label, NOT_RUN, expect=test.expect, threshold=test.threshold,
                         files=[str(path)] + ([str(over)] if over else []))
-    missing = [str(p) for p in [path] + ([over] if over else []) if not p.exists()]
-    if missing:
-        result.detail = f"{' and '.join(missing)} missing"
+    if _missing(result, [path] + ([over] if over else [])):
         return result
     node = lookup(read(path), test.path, str(path))
     where = f"{path}: {test.path}"
@@ -586,6 +649,8 @@ def files_of(test: ClaimTest, data_dir: Path) -> list[Path]:
         return [data_dir / test.run / "eval_before.json", data_dir / test.run / "eval_after.json"]
     if test.kind == "compare":
         return [data_dir / f for f in (test.a, test.b, test.a_base, test.b_base) if f]
+    if test.kind == "contrast":
+        return [data_dir / f for f in (test.a, test.b, test.c, test.d)]
     second = test.over or test.minus
     return [data_dir / test.file] + ([data_dir / second.file] if second else [])
 
@@ -598,6 +663,8 @@ def label_of(test: ClaimTest) -> str:
         return f"{test.metric} of ({test.b} − {test.b_base}) − ({test.a} − {test.a_base})"
     if test.kind == "compare":
         return f"{test.metric} of {test.b} − {test.a}"
+    if test.kind == "contrast":
+        return f"{test.metric} of ({test.b} − {test.a}) − ({test.d} − {test.c})"
     where = "/".join(Path(test.file).parts[-2:])  # e.g. c3-at-160/diversity.json: which analysis, when several
     return f"{where}: " + test.path + (f" / {test.over.path}" if test.over else f" − {test.minus.path}" if test.minus else "")
 
@@ -610,6 +677,8 @@ def evaluate_test(claim: Claim, test: ClaimTest, data_dir: Path, read: Callable[
                        detail=test.not_run or claim.not_run, files=[str(f) for f in files])
     if test.kind == "value":
         return _value(claim.id, test, label, files, read)
+    if test.kind == "contrast":
+        return _contrast(claim.id, test, label, files, read)
     return _paired(claim.id, test, label, files, read)
 
 
@@ -639,6 +708,10 @@ def describe(r: Outcome) -> str:
     expected up): reproduced``."""
     if r.verdict == NOT_RUN:
         return f"{r.label}: not run ({r.detail})" if r.detail else f"{r.label}: not run"
+    if r.kind == "contrast" and r.estimate is not None:
+        return (f"{r.label}: first gap {_signed(r.a)}, second gap {_signed(r.b)}; difference {_signed(r.estimate)} "
+                f"[{_signed(r.interval[0])}, {_signed(r.interval[1])}] ({r.detail}, each set resampled on its own; "
+                f"expected {r.expect.replace('_', ' ')}): {r.verdict}")
     if r.kind in ("change", "compare") and r.estimate is not None:
         arrow = f"{r.a:.3f} → {r.b:.3f}" if r.kind == "change" else f"a {r.a:.3f}, b {r.b:.3f}"
         diff = "after − before" if r.kind == "change" else "b − a"

@@ -20,7 +20,16 @@ from evolm.report.read import Sources
 from evolm.sweep import value_label
 
 
-def sweep_sections(src: Sources, canvas: Canvas, window: int, band: float, mode: str, reference) -> list[Section]:
+WINDOW = 1
+"""Default trailing window of the reward curves (1: no smoothing)."""
+BAND = 0.005
+"""Default population-scaling band: the paper's 0.5%."""
+BAND_MODE = "relative"
+"""Default band mode: ``|r_N − r_ref| ≤ band · |r_ref|``."""
+
+
+def sweep_sections(src: Sources, canvas: Canvas, window: int = WINDOW, band: float = BAND, mode: str = BAND_MODE,
+                   reference=None) -> list[Section]:
     out = []
     for label, path, summary in src.sweeps:
         keys = list(summary["grid"])
@@ -108,10 +117,17 @@ def _population_blocks(result: dict, g: dict, suffix: str, stem: str, canvas: Ca
         ax.legend(fontsize=7)
     blocks.append(canvas.save(fig, stem, f"population scaling{suffix}"))
     blocks.append(Table(["N", "within band from update", "final reward", "final gap to reference",
-                         "max |gap| after", "updates compared"],
+                         "max |gap| after", "updates compared", "zero updates", "members above / tied / below the centre"],
                         [[r["value"], r["within_band_from"], r["final_reward"], r["final_gap"], r["max_abs_gap_after"],
-                          r["compared"]] for r in g["rows"]]))
+                          r["compared"], r.get("zero_updates"), _versus(r.get("members_vs_centre"))] for r in g["rows"]]))
     return blocks
+
+
+def _versus(counts: dict | None) -> str | None:
+    """``above / tied / below of members`` (None when the centre was not scored)."""
+    if not counts:
+        return None
+    return f"{counts['above']} / {counts['tied']} / {counts['below']} of {counts['members']}"
 
 
 def _sigma_blocks(result: dict, g: dict, suffix: str, stem: str, canvas: Canvas) -> list:
