@@ -5,16 +5,20 @@
 #   bash experiments/study/run.sh cd       # C1 + C2 on a second task, procedural Countdown: ES and GRPO side by side, 1,200 s each
 #   bash experiments/study/run.sh q1       # Q1: ES on normalisation + attention parameters only (c1c2-es otherwise)
 #   bash experiments/study/run.sh c8       # C8: antithetic ES (c1c2-es otherwise)
-#   bash experiments/study/run.sh c9       # C9: GRPO then ES, half of each method's c1c2 update count
-#   bash experiments/study/run.sh c7       # C7: ES with N = 10, 20, 30 (SmolLM2-135M) and 10, 30 (Gemma-3-270M), 20 updates each
-#   bash experiments/study/run.sh c3       # C3: population vs centre coverage around c1c2-es's final weights (and at updates 160, 240)
+#   bash experiments/study/run.sh c9       # C9: GRPO then ES, and ES then GRPO, half of each method's c1c2 update count;
+#                                          and the second order's GRPO stage alone from the base (control)
+#   bash experiments/study/run.sh c7       # C7: ES with N = 10, 20, 30 on SmolLM2-135M and on Gemma-3-270M, 20 updates each
+#   bash experiments/study/run.sh c7x [UPDATES [N...]]  # C7: copies of the N = 10 and 30 points continued to 40 (UPDATES) updates
+#   bash experiments/study/run.sh c3       # C3: population vs centre coverage around c1c2-es's final weights (and at updates 160, 240),
+#                                          and around Gemma-3-270M's after c7-gemma's N = 30 point
 #   bash experiments/study/run.sh q2       # Q2: base, ES and GRPO fake-quantised to int8 / int4 and re-evaluated
-#   bash experiments/study/run.sh c5       # C5: the masked models (small update coordinates zeroed), re-evaluated greedily
+#   bash experiments/study/run.sh c5       # C5: the masked models (small update coordinates zeroed), re-evaluated greedily;
+#                                          after c2xl, ES's at 240 updates sampled (pass@1, pass@16)
 #   bash experiments/study/run.sh c2long   # C2: c1c2-es continued to 4,800 s of update time (a copy, resumed with a larger budget)
 #   bash experiments/study/run.sh c2xl     # C2: c2-es-long continued to 240 updates (a copy, resumed with a larger cap)
 #   bash experiments/study/run.sh k32 [NAME...]  # C1, C2, C9: the base and the trained models on c1c2's 64 problems, 32 samples
 #   bash experiments/study/run.sh c4 [NAME...]   # C4: forgetting, the base, GRPO and ES (240 updates) on 64 Countdown problems
-#                                          (NAME: base grpo es-240 es-160 c9 es; default: all for k32, base grpo es-240 for c4)
+#                                          (NAME: base grpo es-240 es-160 c9 c9-reverse es; default: all for k32, base grpo es-240 for c4)
 #   bash experiments/study/run.sh collect  # copy the committed files (configs, logs, seed logs, eval JSON, analyses) to docs/study/
 #   bash experiments/study/run.sh report   # regenerate docs/REPRODUCTION.md from docs/study/ (evolm report --study)
 #
@@ -72,7 +76,7 @@ evaluate() {
 }
 
 # the models the evaluation stages measure, NAME:RUN (the base is the embedded model)
-MODELS="base:smollm2-135m grpo:c1c2-grpo es-240:c2-es-240 es-160:c2-es-long c9:c9-pipeline-grpo-es es:c1c2-es"
+MODELS="base:smollm2-135m grpo:c1c2-grpo es-240:c2-es-240 es-160:c2-es-long c9:c9-pipeline-grpo-es c9-reverse:c9-pipeline-es-grpo es:c1c2-es"
 
 # each_model STAGE FUNCTION [NAME...]: FUNCTION NAME RUN for the named models (default: all of MODELS)
 each_model() {
@@ -98,12 +102,44 @@ case "${1:-}" in
       "$PY" experiments/study/at_step.py "$OUT/c1c2-es" 30 "$OUT/matched/c1c2-es-at-30" ;;
   c8) single c8-es-antithetic
       "$PY" experiments/study/at_step.py "$OUT/c1c2-es" 30 "$OUT/matched/c1c2-es-at-30" ;;
-  c9) run_or_resume pipeline experiments/study/c9-pipeline-grpo-es.toml c9-pipeline-grpo-es > "$OUT/c9-pipeline-grpo-es.log" 2>&1 ;;
-  c7) # the two sweeps at once, one thread each; re-running resumes unfinished points. Gemma's members cost ~6 s
-      # each against SmolLM2's ~4 s, so its sweep skips N = 20 (the tests compare N = 10 with N = 30)
-      for m in smollm2:10,20,30 gemma:10,30; do
-        "$PY" -m evolm sweep --config "experiments/study/c7-${m%%:*}.toml" --grid "es.population=${m#*:}" \
-          --set run.progress=false --out "$OUT/c7-${m%%:*}" > "$OUT/c7-${m%%:*}.log" 2>&1 &
+  c9) for order in grpo-es es-grpo; do   # the two orders one after the other
+        run_or_resume pipeline "experiments/study/c9-pipeline-$order.toml" "c9-pipeline-$order" > "$OUT/c9-pipeline-$order.log" 2>&1
+      done
+      # the control: the ES -> GRPO pipeline's GRPO stage run alone from the base (its own config: seed, 18 steps),
+      # then evaluated on the pipeline's held-out problems; what is left between the two is the ES stage's doing
+      c="$OUT/c9-control-grpo"
+      if [ ! -f "$c/final/config.json" ]; then
+        if [ -d "$c" ]; then "$PY" -m evolm grpo --resume "$c" --set run.progress=false
+        else "$PY" -m evolm grpo --config "$OUT/c9-pipeline-es-grpo/stages/01-grpo/config.toml" --set probe.every=0 \
+          --set "run.out_dir=\"$OUT\"" --set 'run.name="c9-control-grpo"' --set run.progress=false; fi > "$OUT/c9-control-grpo.log" 2>&1
+      fi
+      [ -f "$OUT/matched/c9-control-grpo/eval.json" ] || "$PY" -m evolm eval --like "$OUT/c9-pipeline-es-grpo" --model "$c" \
+        --no-progress --out "$OUT/matched/c9-control-grpo" >> "$OUT/c9-control-grpo.log" 2>&1 ;;
+  c7) # the two sweeps at once, one thread each; re-running resumes unfinished points. A sweep skips a point only when
+      # its run finished with its final/ weights, so a point copied back from docs/study/ (no weights) first gets
+      # final/ rebuilt from its seed log (evolm replay, a minute or two) instead of being trained again
+      for m in smollm2:10,20,30 gemma:10,20,30; do
+        ( for d in "$OUT/c7-${m%%:*}"/es.population=*; do
+            if [ -f "$d/eval_after.json" ] && [ ! -d "$d/final" ]; then "$PY" -m evolm replay "$d" --out "$d/final"; fi
+          done
+          "$PY" -m evolm sweep --config "experiments/study/c7-${m%%:*}.toml" --grid "es.population=${m#*:}" \
+            --set run.progress=false --out "$OUT/c7-${m%%:*}" ) > "$OUT/c7-${m%%:*}.log" 2>&1 &
+      done
+      wait ;;
+  c7x) # C7 continued: bash experiments/study/run.sh c7x [UPDATES [N...]] copies the N points (default 10 30, the ones
+      # the tests compare) of both sweeps to c7x-<model>/ and resumes the copies to UPDATES (default 40) with evolm es
+      # --resume (as c2long does: the 20-update sweeps stay as they are), final/ rebuilt from the seed log first where
+      # it is missing; the two models side by side, one thread each. A copy's 20-update evaluation stays beside it as
+      # eval_after_step20.json.
+      n=${2:-40}; shift $(( $# > 1 ? 2 : $# )); points=${*:-10 30}
+      for m in smollm2 gemma; do
+        ( for p in $points; do
+            src="$OUT/c7-$m/es.population=$p" d="$OUT/c7x-$m/es.population=$p"
+            [ -f "$src/run.json" ] || { echo "$src: not run yet (bash $0 c7 first)"; continue; }
+            [ -d "$d" ] || { mkdir -p "$OUT/c7x-$m"; cp -r "$src" "$d"; }
+            [ -d "$d/final" ] || "$PY" -m evolm replay "$d" --out "$d/final"
+            "$PY" -m evolm es --resume "$d" --set es.iterations="$n" --set run.progress=false
+          done ) > "$OUT/c7x-$m.log" 2>&1 &
       done
       wait ;;
   c3) [ -f "$OUT/analyses/c3/diversity.json" ] || "$PY" -m evolm analyze diversity --model "$OUT/c1c2-es" --count 64 \
@@ -115,9 +151,24 @@ case "${1:-}" in
       if [ -f "$OUT/c2-es-240/eval_after.json" ]; then   # and around update 240, after c2xl
         [ -f "$OUT/analyses/c3-at-240/diversity.json" ] || "$PY" -m evolm analyze diversity --model "$OUT/c2-es-240" \
           --count 64 --samples-per-member 4 --threads 1 --out "$OUT/analyses/c3-at-240"
+      fi
+      # Gemma-3-270M after 20 updates at N = 30 (c7), where ES moved pass@1 most: its whole 1-digit test split (23
+      # problems), 8 members as above; the centre's weights are rebuilt from the seed log if final/ is gone
+      g="$OUT/c7-gemma/es.population=30"
+      if [ -f "$g/eval_after.json" ] && [ ! -f "$OUT/analyses/c3-gemma/diversity.json" ]; then
+        [ -d "$g/final" ] || "$PY" -m evolm replay "$g" --out "$g/final"
+        "$PY" -m evolm analyze diversity --model "$g" --population 8 --count 23 --samples-per-member 4 --threads 1 \
+          --out "$OUT/analyses/c3-gemma"
       fi ;;
   c5) [ -f "$OUT/analyses/c5/sparsity.json" ] || "$PY" -m evolm analyze sparsity --trained es="$OUT/c1c2-es" \
-        --trained grpo="$OUT/c1c2-grpo" --threads 1 --out "$OUT/analyses/c5" ;;
+        --trained grpo="$OUT/c1c2-grpo" --threads 1 --out "$OUT/analyses/c5"
+      # after 240 ES updates (c2xl), sampled: pass@1 and pass@16 of the masked models, 16 samples per problem
+      g="$OUT/c2-es-240"
+      if [ -f "$g/eval_after.json" ] && [ ! -f "$OUT/analyses/c5-240/sparsity.json" ]; then
+        [ -d "$g/final" ] || "$PY" -m evolm replay "$g" --out "$g/final"
+        "$PY" -m evolm analyze sparsity --trained es="$g" --multipliers 1,2,4,8 --n 16 --pass-k 1 --pass-k 16 \
+          --metric pass@1 --threads 1 --out "$OUT/analyses/c5-240"
+      fi ;;
   q2) [ -f "$OUT/analyses/q2/compression.json" ] || "$PY" -m evolm analyze compression --trained es="$OUT/c1c2-es" \
         --trained grpo="$OUT/c1c2-grpo" --methods none,int8,int4 --n 16 --pass-k 1 --pass-k 16 --threads 1 --out "$OUT/analyses/q2" ;;
   c2long) [ -d "$OUT/c2-es-long" ] || cp -r "$OUT/c1c2-es" "$OUT/c2-es-long"   # the same run, continued in its own directory
@@ -132,5 +183,5 @@ case "${1:-}" in
       fi ;;
   collect) "$PY" experiments/study/collect.py "$OUT" docs/study ;;
   report) "$PY" -m evolm report --study experiments/study/claims.toml --out docs ;;
-  *) echo "usage: $0 c1c2 | cd | q1 | c8 | c9 | c7 | c3 | c5 | q2 | c2long | c2xl | k32 [NAME...] | c4 [NAME...] | collect | report" >&2; exit 2 ;;
+  *) echo "usage: $0 c1c2 | cd | q1 | c8 | c9 | c7 | c7x [UPDATES [N...]] | c3 | c5 | q2 | c2long | c2xl | k32 [NAME...] | c4 [NAME...] | collect | report" >&2; exit 2 ;;
 esac
