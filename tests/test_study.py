@@ -536,3 +536,22 @@ def test_page_shows_the_sweep_of_a_tested_point(tmp_path, monkeypatch):
     sweep = md.split("## Sweep c7 (es): es.population")[1]
     assert "population" in sweep.lower() and "](study/figures/sweep-c7-curves" in sweep
     assert "- `data/c7/sweep.json`" in md.split("## Files read")[1]
+
+
+def test_pick_colour_keeps_a_directory_colour_and_never_repeats_one_within_a_figure():
+    from evolm.document import COLORS
+    from evolm.report.reproduction import pick_colour
+
+    page: dict[str, str] = {}
+    first = {}
+    for i in range(len(COLORS) + 2):  # an earlier figure with more directories than colours: it cycles
+        pick_colour(f"run{i}", first, page)
+    assert page["run0"] == COLORS[0] and page[f"run{len(COLORS)}"] == COLORS[0]
+    # a later figure with run0 and run<len(COLORS)>, which the page gave the same colour: they must differ here
+    figure: dict[str, str] = {}
+    a = pick_colour("run0", figure, page)
+    b = pick_colour(f"run{len(COLORS)}", figure, page)
+    c = pick_colour("new", figure, page)
+    assert a == COLORS[0] and b != a and len({a, b, c}) == 3
+    assert pick_colour("run0", figure, page) == a  # stable within the figure
+    assert page["new"] == c  # and remembered for later figures

@@ -169,13 +169,14 @@ def passk_sections(outcomes: list[ClaimOutcome], data: Path, read, canvas: Canva
     sec = Section("Held-out pass@k with intervals", [
         f"pass@k for k = 1 .. n from each problem's n and c (unbiased estimator, averaged over problems); the band is the "
         f"{LEVEL:.0%} percentile interval of the mean over {BOOTSTRAP_RESAMPLES} bootstrap resamples of the problems. One "
-        "colour per directory; a run's base (`eval_before.json`) dashed, trained or matched evaluations solid (a base "
+        "colour per directory within a figure (the same colour as in earlier figures where it is free); a run's base (`eval_before.json`) dashed, trained or matched evaluations solid (a base "
         "measured identically by several runs is drawn once). The k axis is logarithmic (base 2). Re-evaluations "
         "without samples (n = 0: greedy only, e.g. the masked models of the sparsity analysis) appear in the tables only."])
     colours: dict[str, str] = {}
     for files, ids in groups.items():
         fig = canvas.figure(7.0, 4.2)
         ax = fig.add_subplot()
+        figure_colours: dict[str, str] = {}
         rows: list[dict] = []
         drawn: dict[tuple, dict] = {}
         for file, task in files:
@@ -195,7 +196,7 @@ def passk_sections(outcomes: list[ClaimOutcome], data: Path, read, canvas: Canva
             mean, lo, hi = bootstrap_curve(m)
             ks = list(range(1, m.shape[1] + 1))
             owner = label.rsplit(" ", 1)[0] if file.endswith(("eval_before.json", "eval_after.json")) else label
-            color = colours.setdefault(owner, COLORS[len(colours) % len(COLORS)])
+            color = pick_colour(owner, figure_colours, colours)
             ax.plot(ks, mean, "--" if before else "-", marker="o", ms=3, color=color, label=label)
             ax.fill_between(ks, lo, hi, color=color, alpha=0.15, lw=0)
             entropy = [v for v in (_mean_entropy(p) for p in report["problems"]) if v is not None]
@@ -221,6 +222,20 @@ def passk_sections(outcomes: list[ClaimOutcome], data: Path, read, canvas: Canva
                                  [r["entropy"], r["greedy"]] for r in rows],
                                 f"{', '.join(ids)}: mean over problems [95% bootstrap interval]"))
     return [sec]
+
+
+def pick_colour(owner: str, figure: dict[str, str], page: dict[str, str]) -> str:
+    """The colour of ``owner``'s curves in one figure: the colour it had in earlier figures (``page``) unless another
+    directory of this figure (``figure``) already has it, else the first colour this figure has not used; both maps
+    are updated. A page with more directories than colours cycles them, so only a figure cannot repeat one
+    (unless it alone has more directories than ``COLORS``)."""
+    if owner not in figure:
+        taken = set(figure.values())
+        preferred = page.get(owner)
+        free = [c for c in COLORS if c not in taken]
+        figure[owner] = preferred if preferred and preferred not in taken else (free[0] if free else COLORS[len(figure) % len(COLORS)])
+        page.setdefault(owner, figure[owner])
+    return figure[owner]
 
 
 def _mean_entropy(problem: dict) -> float | None:
