@@ -47,6 +47,13 @@ from __future__ import annotations
 import math
 from typing import Iterable
 
+WINDOW = 1
+"""Default trailing window of the reward curves (1: no smoothing)."""
+BAND = 0.005
+"""Default population-scaling band: the paper's 0.5%."""
+BAND_MODE = "relative"
+"""Default band mode: ``|r_N − r_ref| ≤ band · |r_ref|``."""
+
 # -- curves ------------------------------------------------------------------------------------------
 
 
@@ -69,7 +76,7 @@ def _curve(point: dict, window: int) -> tuple[list[int], list[float]]:
     return steps, smooth([r for _, r in pairs], window)
 
 
-def first_within_band(steps, values, ref_steps, ref_values, band: float = 0.005, mode: str = "relative") -> dict:
+def first_within_band(steps, values, ref_steps, ref_values, band: float = BAND, mode: str = BAND_MODE) -> dict:
     """The first update from which ``values`` stays within the band around ``ref_values`` (module docstring).
 
     Returns ``within_band_from`` (update or None), ``final_gap`` (value − reference at the last
@@ -135,8 +142,8 @@ def _usable(p: dict) -> bool:
 # -- ablations ---------------------------------------------------------------------------------------
 
 
-def population_scaling(points, key: str = "es.population", reference=None, band: float = 0.005,
-                       mode: str = "relative", window: int = 1) -> dict:
+def population_scaling(points, key: str = "es.population", reference=None, band: float = BAND,
+                       mode: str = BAND_MODE, window: int = WINDOW) -> dict:
     """For each group and population N: the first update from which N stays within the band of the reference N."""
     out = {"key": key, "band": band, "mode": mode, "window": window, "groups": {}}
     for label, members in _group(points, key).items():
@@ -233,7 +240,7 @@ ABLATIONS = {"population": population_scaling, "sigma": sigma_sweep, "estimator"
 """Ablation analysis by the last component of a grid key."""
 
 
-def ablations_for(points, grid_keys, window: int = 1, band: float = 0.005, mode: str = "relative",
+def ablations_for(points, grid_keys, window: int = WINDOW, band: float = BAND, mode: str = BAND_MODE,
                   reference=None) -> dict:
     """Every ablation a sweep's grid supports: ``{name: result}`` for grid keys ending in population,
     sigma, estimator or shaping."""

@@ -16,7 +16,7 @@ import argparse
 from evolm import config
 from evolm.errors import UserError
 from evolm.report import build_report, build_study
-from evolm.report.sweeps import BAND, BAND_MODE, WINDOW
+from evolm.analysis.ablations import BAND, BAND_MODE, WINDOW
 
 
 def parse_labels(items: list[str]) -> dict[str, str]:

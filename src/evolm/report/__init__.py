@@ -46,7 +46,8 @@ from evolm.report.read import Reader, gather
 from evolm.report.reproduction import build_study
 from evolm.report.sections import ANALYSIS_SECTIONS, analysis_sections, budget_section, cost_section, passk_section, probe_section, reward_section, runs_section
 from evolm.runs import MATCH_FIELDS
-from evolm.report.sweeps import BAND, BAND_MODE, WINDOW, sweep_sections
+from evolm.analysis.ablations import BAND, BAND_MODE, WINDOW
+from evolm.report.sweeps import sweep_sections
 from evolm.runs import atomic_write_json, atomic_write_text
 
 __all__ = ["ANALYSIS_SECTIONS", "ReportResult", "build_report", "build_study"]

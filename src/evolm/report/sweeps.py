@@ -13,19 +13,11 @@ Design decisions:
 
 from __future__ import annotations
 
-from evolm.analysis.ablations import ablations_for, smooth
+from evolm.analysis.ablations import BAND, BAND_MODE, WINDOW, ablations_for, smooth
 from evolm.markdown import fmt
 from evolm.document import COLORS, Canvas, Section, Table, integer_x
 from evolm.report.read import Sources
 from evolm.sweep import value_label
-
-
-WINDOW = 1
-"""Default trailing window of the reward curves (1: no smoothing)."""
-BAND = 0.005
-"""Default population-scaling band: the paper's 0.5%."""
-BAND_MODE = "relative"
-"""Default band mode: ``|r_N − r_ref| ≤ band · |r_ref|``."""
 
 
 def sweep_sections(src: Sources, canvas: Canvas, window: int = WINDOW, band: float = BAND, mode: str = BAND_MODE,
