@@ -43,6 +43,10 @@ run_or_resume() {
   fi
 }
 
+weights() {  # weights RUN: rebuild an ES run's final/ from its seed log (evolm replay) when it is missing, e.g. after a copy from docs/study/
+  [ -d "$1/final" ] || "$PY" -m evolm replay "$1" --out "$1/final"
+}
+
 side_by_side() {  # side_by_side PREFIX: PREFIX-es and PREFIX-grpo at once, one thread each, on the same budget of update seconds
   run_or_resume es "experiments/study/$1-es.toml" "$1-es" > "$OUT/$1-es.log" 2>&1 &
   local es_pid=$!
@@ -120,7 +124,7 @@ case "${1:-}" in
       # final/ rebuilt from its seed log (evolm replay, a minute or two) instead of being trained again
       for m in smollm2:10,20,30 gemma:10,20,30; do
         ( for d in "$OUT/c7-${m%%:*}"/es.population=*; do
-            if [ -f "$d/eval_after.json" ] && [ ! -d "$d/final" ]; then "$PY" -m evolm replay "$d" --out "$d/final"; fi
+            if [ -f "$d/eval_after.json" ]; then weights "$d"; fi
           done
           "$PY" -m evolm sweep --config "experiments/study/c7-${m%%:*}.toml" --grid "es.population=${m#*:}" \
             --set run.progress=false --out "$OUT/c7-${m%%:*}" ) > "$OUT/c7-${m%%:*}.log" 2>&1 &
@@ -137,7 +141,7 @@ case "${1:-}" in
             src="$OUT/c7-$m/es.population=$p" d="$OUT/c7x-$m/es.population=$p"
             [ -f "$src/run.json" ] || { echo "$src: not run yet (bash $0 c7 first)"; continue; }
             [ -d "$d" ] || { mkdir -p "$OUT/c7x-$m"; cp -r "$src" "$d"; }
-            [ -d "$d/final" ] || "$PY" -m evolm replay "$d" --out "$d/final"
+            weights "$d"
             "$PY" -m evolm es --resume "$d" --set es.iterations="$n" --set run.progress=false
           done ) > "$OUT/c7x-$m.log" 2>&1 &
       done
@@ -156,7 +160,7 @@ case "${1:-}" in
       # problems), 8 members as above; the centre's weights are rebuilt from the seed log if final/ is gone
       g="$OUT/c7-gemma/es.population=30"
       if [ -f "$g/eval_after.json" ] && [ ! -f "$OUT/analyses/c3-gemma/diversity.json" ]; then
-        [ -d "$g/final" ] || "$PY" -m evolm replay "$g" --out "$g/final"
+        weights "$g"
         "$PY" -m evolm analyze diversity --model "$g" --population 8 --count 23 --samples-per-member 4 --threads 1 \
           --out "$OUT/analyses/c3-gemma"
       fi ;;
@@ -165,7 +169,7 @@ case "${1:-}" in
       # after 240 ES updates (c2xl), sampled: pass@1 and pass@16 of the masked models, 16 samples per problem
       g="$OUT/c2-es-240"
       if [ -f "$g/eval_after.json" ] && [ ! -f "$OUT/analyses/c5-240/sparsity.json" ]; then
-        [ -d "$g/final" ] || "$PY" -m evolm replay "$g" --out "$g/final"
+        weights "$g"
         "$PY" -m evolm analyze sparsity --trained es="$g" --multipliers 1,2,4,8 --n 16 --pass-k 1 --pass-k 16 \
           --metric pass@1 --threads 1 --out "$OUT/analyses/c5-240"
       fi ;;
