@@ -270,6 +270,28 @@ def test_fake_quantize_error_bound(bits):
         assert (w - q).norm() < (w - per_tensor).norm()
 
 
+@pytest.mark.parametrize("group", [128, 32, 7])
+def test_fake_quantize_groups(group):
+    g = torch.Generator().manual_seed(group)
+    w = torch.randn(6, 576, generator=g)
+    w[2, 3] = 50.0  # one outlier: only its own group's step grows
+    q = compression.fake_quantize_groups(w, 4, group)
+    assert q.shape == w.shape
+    per_channel = compression.fake_quantize(w, 4, axis=0)
+    for start in range(0, 576, group):
+        block, qb = w[:, start:start + group], q[:, start:start + group]  # the last group may be short (576 = 4.5 x 128)
+        scale = block.abs().amax(dim=1, keepdim=True) / 7
+        assert torch.all((block - qb).abs() <= scale / 2 * (1 + 1e-6) + 1e-30)
+        assert torch.equal(qb, compression.fake_quantize(block, 4, axis=0))  # each group quantised on its own
+    # the outlier row: per-channel int4 rounds most of it to zero, groups keep all but the outlier's group
+    assert (w[2] - q[2]).norm() < (w[2] - per_channel[2]).norm()
+    assert compression.parse_method("int4g128") == {"kind": "quantize", "bits": 4, "group": 128}
+    state = {"model.layers.0.self_attn.q_proj.weight": w, "model.norm.weight": torch.ones(576)}
+    out = compression.compress(state, f"int4g{group}")
+    assert torch.equal(out["model.layers.0.self_attn.q_proj.weight"], q)
+    assert out["model.norm.weight"] is state["model.norm.weight"]
+
+
 def test_magnitude_prune_global_and_per_tensor():
     base, _ = _random_model_pair()
     pruned = compression.magnitude_prune(base, 0.5, scope="global")
@@ -296,7 +318,7 @@ def test_compress_methods_and_table():
     base, trained = _random_model_pair(noise=1e-3)
     assert compression.parse_method("int4") == {"kind": "quantize", "bits": 4}
     assert compression.parse_method("prune-tensor:0.3") == {"kind": "prune", "sparsity": 0.3, "scope": "per_tensor"}
-    for bad in ("int1", "int32", "prune:1.5", "gzip"):
+    for bad in ("int1", "int32", "int4g0", "int4g", "prune:1.5", "gzip"):
         with pytest.raises(UserError):
             compression.parse_method(bad)
     same = compression.compress(trained, "none")

@@ -15,6 +15,12 @@ Design decisions:
   ``|w − q(w)| ≤ scale_r / 2`` per channel (up to float32 rounding of the division and product).
   All-zero rows stay zero. ``axis=None`` uses one scale for the whole tensor. (GPT-2's ``Conv1D``
   stores ``[in, out]``, so ``axis=0`` is per *input* channel there; the bound holds either way.)
+- ``fake_quantize_groups(w, bits, group)`` is the same with one scale per ``group`` consecutive input
+  entries of each output row (the group-wise layout of GPTQ / AWQ int4 checkpoints, group size 128 by
+  convention): a row of 576 splits into 128, 128, 128, 128, 64 (a short last group is its own group,
+  not padded into a neighbour), so one large coordinate inflates the step of its own group only. The
+  bound is ``|w − q(w)| ≤ scale_group / 2``. Round-to-nearest, no calibration data: it measures what the
+  layout does to the weights, not what GPTQ's error-correcting rounding would recover.
 - Which tensors are compressed is explicit: by default the 2-D weight matrices of the attention and
   MLP blocks (what weight-only int8/int4 and magnitude pruning usually touch); norms, biases,
   embeddings and the LM head stay in float32 unless ``categories`` says otherwise. Where a run's
@@ -25,7 +31,7 @@ Design decisions:
   within each tensor (``"per_tensor"``). The exact count is pruned (ties at the threshold broken by
   position), and the achieved fraction of zeros is reported.
 - Methods are short strings: ``none``, ``int8``, ``int4`` (any ``int<b>`` with 2 ≤ b ≤ 16),
-  ``prune:0.5`` (global) and ``prune-tensor:0.5`` (per tensor).
+  ``int4g128`` (group-wise, any ``int<b>g<size>``), ``prune:0.5`` (global) and ``prune-tensor:0.5`` (per tensor).
 - Besides the task metrics, each (model, method) row reports the relative weight error
   ``||C(θ) − θ|| / ||θ||`` over the compressed tensors and, for a trained model, how large that
   error is next to the training update in the same tensors (``error_to_update = ||C(θ) − θ|| / ||θ − θ0||``):
@@ -81,14 +87,32 @@ def quantization_scale(tensor, bits: int, axis: int | None = 0):
     return w.amax(dim=reduce, keepdim=True) / qmax
 
 
+def fake_quantize_groups(tensor, bits: int, group: int):
+    """Symmetric round-to-nearest with one scale per ``group`` consecutive entries of each row (last dim).
+
+    A tensor of fewer than 2 dims is one row. Error bound: ``|w − q(w)| ≤ scale_group / 2``.
+    """
+    import torch  # local: torch is slow to import, and `evolm --help` imports this module
+
+    if group < 1:
+        raise ValueError(f"group must be >= 1 (got {group})")
+    w = tensor.to(torch.float32)
+    rows = w.reshape(-1, w.shape[-1]) if w.dim() >= 1 else w.reshape(1, 1)
+    parts = [fake_quantize(rows[:, i:i + group], bits, axis=0) for i in range(0, rows.shape[1], group)]
+    return torch.cat(parts, dim=1).reshape(tensor.shape).to(tensor.dtype)
+
+
 def selected_names(state: dict, categories=DEFAULT_CATEGORIES, matrices_only: bool = True) -> list[str]:
     """Names of the tensors a compression method touches: given categories, 2-D or larger when ``matrices_only``."""
     return [n for n in sorted(state) if param_category(n) in categories and (state[n].dim() >= 2 or not matrices_only)]
 
 
-def quantize_state(state: dict, bits: int, categories=DEFAULT_CATEGORIES, matrices_only: bool = True) -> dict:
-    """A new state dict with the selected tensors fake-quantised per output channel (others shared)."""
+def quantize_state(state: dict, bits: int, categories=DEFAULT_CATEGORIES, matrices_only: bool = True,
+                   group: int | None = None) -> dict:
+    """A new state dict with the selected tensors fake-quantised per output channel, or per ``group`` (others shared)."""
     names = set(selected_names(state, categories, matrices_only))
+    if group:
+        return {n: fake_quantize_groups(t, bits, group) if n in names else t for n, t in state.items()}
     return {n: fake_quantize(t, bits, axis=0) if n in names else t for n, t in state.items()}
 
 
@@ -136,25 +160,30 @@ def _prune_flat(tensors, sparsity: float):
     return out
 
 
-_METHOD = re.compile(r"^(none|int(\d+)|prune(-tensor)?:([0-9.]+))$")
+_METHOD = re.compile(r"^(none|int(\d+)(?:g(\d+))?|prune(-tensor)?:([0-9.]+))$")
 
 
 def parse_method(method: str) -> dict:
-    """``"int4"`` -> ``{"kind": "quantize", "bits": 4}``, ``"prune:0.5"`` -> ``{"kind": "prune", "sparsity": 0.5, ...}``."""
+    """``"int4"`` -> ``{"kind": "quantize", "bits": 4}``, ``"int4g128"`` -> ``{..., "group": 128}``, ``"prune:0.5"`` -> ``{"kind": "prune", "sparsity": 0.5, ...}``."""
     m = _METHOD.match(method.strip())
     if not m:
-        raise UserError(f"unknown compression method '{method}'; use none, int8, int4, prune:0.5 or prune-tensor:0.5")
+        raise UserError(f"unknown compression method '{method}'; use none, int8, int4, int4g128, prune:0.5 or prune-tensor:0.5")
     if m.group(1) == "none":
         return {"kind": "none"}
     if m.group(2):
         bits = int(m.group(2))
         if not 2 <= bits <= 16:
             raise UserError(f"compression method '{method}': bits must be between 2 and 16")
-        return {"kind": "quantize", "bits": bits}
-    sparsity = float(m.group(4))
+        if m.group(3) is None:
+            return {"kind": "quantize", "bits": bits}
+        group = int(m.group(3))
+        if group < 1:
+            raise UserError(f"compression method '{method}': the group size must be at least 1, e.g. int4g128")
+        return {"kind": "quantize", "bits": bits, "group": group}
+    sparsity = float(m.group(5))
     if not 0 <= sparsity <= 1:
         raise UserError(f"compression method '{method}': the pruned fraction must be between 0 and 1")
-    return {"kind": "prune", "sparsity": sparsity, "scope": "per_tensor" if m.group(3) else "global"}
+    return {"kind": "prune", "sparsity": sparsity, "scope": "per_tensor" if m.group(4) else "global"}
 
 
 def compress(state: dict, method: str, categories=DEFAULT_CATEGORIES, matrices_only: bool = True) -> dict:
@@ -163,7 +192,7 @@ def compress(state: dict, method: str, categories=DEFAULT_CATEGORIES, matrices_o
     if spec["kind"] == "none":
         return dict(state)
     if spec["kind"] == "quantize":
-        return quantize_state(state, spec["bits"], categories, matrices_only)
+        return quantize_state(state, spec["bits"], categories, matrices_only, spec.get("group"))
     return magnitude_prune(state, spec["sparsity"], spec["scope"], categories, matrices_only)
 
 

@@ -687,6 +687,7 @@ def register(subparsers) -> None:
     k = kinds.add_parser("compression", help="int8/int4 fake-quantisation and magnitude pruning, re-evaluated",
                          description="Apply each compression method to the base and every --trained model and re-evaluate on the "
                                      "target task. Methods: none, int<bits> (per-output-channel symmetric round-to-nearest), "
+                                     "int<bits>g<size> (one scale per <size> consecutive inputs of a row, e.g. int4g128), "
                                      "prune:<fraction> (global magnitude pruning), prune-tensor:<fraction> (per tensor). Writes "
                                      "compression.json, compression.png and each row's per-problem results as an evaluation "
                                      "file, compression/<model>_<method>.json (':' written '-').")
