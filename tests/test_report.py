@@ -354,3 +354,18 @@ def test_cost_at_matched_quality_uses_the_lowest_best_probe():
     (only,) = matched_quality([grpo, flat])
     assert "does not exceed the update-0 probe (0.4)" in only
     assert matched_quality([grpo]) is None
+
+
+def test_a_figure_of_many_runs_repeats_no_colour():
+    from evolm.document import COLORS
+    from evolm.report.sections import EXTRA_COLORS, figure_colors
+
+    class Src:
+        def color(self, label):  # the page colour: cycles like read.assign_colors once runs outnumber COLORS
+            return COLORS[int(label[1:]) % len(COLORS)]
+
+    labels = [f"r{i}" for i in range(14)]
+    colors = figure_colors(labels, Src())
+    assert len(set(colors.values())) == 14
+    assert [colors[f"r{i}"] for i in range(10)] == COLORS  # runs keep their page colour where it is free
+    assert all(colors[f"r{i}"] in EXTRA_COLORS for i in range(10, 14))

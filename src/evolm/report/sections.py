@@ -31,7 +31,7 @@ import re
 from typing import Sequence
 
 from evolm.analysis import compression, diversity, drift, localisation, sparsity, update_variance
-from evolm.document import BASE_COLOR, Alert, Canvas, Section, Table, integer_x, passk_axes
+from evolm.document import BASE_COLOR, COLORS, Alert, Canvas, Section, Table, integer_x, passk_axes
 from evolm.markdown import shown_path
 from evolm.metrics import pass_at_k_curve
 from evolm.report.checks import analysis_warnings, passk_warnings
@@ -194,6 +194,22 @@ def reward_section(src: Sources, canvas: Canvas, match: str = "updates") -> Sect
     return sec
 
 
+EXTRA_COLORS = ["#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94", "#f7b6d2", "#dbdb8d", "#9edae5", "#c7c7c7"]
+"""The light shades of the report palette (matplotlib's tab20), for a figure with more runs than ``COLORS``."""
+
+
+def figure_colors(labels: Sequence[str], src: Sources) -> dict[str, str]:
+    """Each label's report colour (``src.color``) unless an earlier label of this figure has it: then the first colour
+    of ``COLORS`` + ``EXTRA_COLORS`` this figure has not used, so a figure of up to 20 runs repeats none."""
+    out: dict[str, str] = {}
+    for label in labels:
+        color = src.color(label)
+        if color in out.values():
+            color = next((c for c in COLORS + EXTRA_COLORS if c not in out.values()), color)
+        out[label] = color
+    return out
+
+
 def probe_section(src: Sources, canvas: Canvas, match: str = "updates") -> Section | None:
     runs = [r for r in src.runs if r.probes]
     if not runs:
@@ -207,26 +223,35 @@ def probe_section(src: Sources, canvas: Canvas, match: str = "updates") -> Secti
                       "step 0, every `probe.every` updates and at the end"
                       + ("." if match == "updates" else f"; drawn against the {AXIS_LABELS[match]} each run had spent "
                                                        "by the probe's update (`--match`)."))
-    fig = canvas.figure(10.0, 3.8)
+    from matplotlib.lines import Line2D  # local: matplotlib is slow to import, only drawing needs it
+
+    columns = min(4, len(runs))
+    fig = canvas.figure(10.0, 3.8 + 0.22 * -(-len(runs) // columns))
     left, right = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
     styles = ["-", "--", ":", "-."]
+    colors = figure_colors([run.label for run in runs], src)
     for run in runs:
-        color = src.color(run.label)
+        color = colors[run.label]
         at = spent_by_step(run, match)
         ent = [(at[p["step"]], p["entropy"]) for p in run.probes if p.get("entropy") is not None and p["step"] in at]
         if ent:
-            left.plot(*zip(*ent), marker="o", ms=3, color=color, label=run.label)
+            left.plot(*zip(*ent), marker="o", ms=3, color=color)
         for j, k in enumerate(keys):
             pts = [(at[p["step"]], p[k]) for p in run.probes if p.get(k) is not None and p["step"] in at]
             if pts:
-                right.plot(*zip(*pts), styles[j % len(styles)], marker="o", ms=3, color=color, label=f"{run.label} {k}")
+                right.plot(*zip(*pts), styles[j % len(styles)], marker="o", ms=3, color=color)
     left.set_ylabel("token entropy (nats)")
     right.set_ylabel("pass@k")
     right.set_ylim(0, 1.02)
     for ax in (left, right):
         _x_axis(ax, match)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+    # one legend of runs (colour) under both panels, one of k (line style) in the pass@k panel: a legend entry per
+    # (run, k) pair outgrew the axes once a study page drew a dozen runs
+    right.legend([Line2D([], [], color="0.3", linestyle=styles[j % len(styles)]) for j in range(len(keys))], keys,
+                 fontsize=7, title="pass@k", title_fontsize=7)
+    fig.legend([Line2D([], [], color=colors[run.label], marker="o", ms=3) for run in runs], [run.label for run in runs],
+               loc="outside lower center", ncol=columns, fontsize=7)
     sec.blocks.append(canvas.save(fig, "probe", "entropy and pass@k trajectories"))
     extra = [] if match == "updates" else [AXIS_LABELS[match]]
     rows = [[run.label, p["step"]] + ([spent_by_step(run, match).get(p["step"])] if extra else []) +
