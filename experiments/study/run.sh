@@ -2,6 +2,8 @@
 # The reproduction study (docs/REPRODUCTION.md): one resumable driver per claim.
 #
 #   bash experiments/study/run.sh c1c2     # C1 + C2 (+ C4, C5, C6 analyses of the same runs): ES and GRPO side by side
+#   bash experiments/study/run.sh c1seeds [SEED...]  # C1: c1c2-grpo again with run.seed = 1, 2 (SEED), side by side, each then
+#                                          evaluated on c1c2's 64 problems too (one GRPO seed is not enough at 4 x 8 per step)
 #   bash experiments/study/run.sh cd       # C1 + C2 on a second task, procedural Countdown: ES and GRPO side by side, 1,200 s each
 #   bash experiments/study/run.sh q1       # Q1: ES on normalisation + attention parameters only (c1c2-es otherwise)
 #   bash experiments/study/run.sh c8       # C8: antithetic ES (c1c2-es otherwise)
@@ -11,14 +13,16 @@
 #   bash experiments/study/run.sh c7x [UPDATES [N...]]  # C7: copies of the N = 10 and 30 points continued to 40 (UPDATES) updates
 #   bash experiments/study/run.sh c3       # C3: population vs centre coverage around c1c2-es's final weights (and at updates 160, 240),
 #                                          and around Gemma-3-270M's after c7-gemma's N = 30 point
-#   bash experiments/study/run.sh q2       # Q2: base, ES and GRPO fake-quantised to int8 / int4 and re-evaluated
+#   bash experiments/study/run.sh q2       # Q2: base, ES and GRPO fake-quantised to int8 / int4 and re-evaluated; after c1seeds,
+#                                          group-wise int4 (groups of 128) and 25% magnitude pruning
 #   bash experiments/study/run.sh c5       # C5: the masked models (small update coordinates zeroed), re-evaluated greedily;
 #                                          after c2xl, ES's at 240 updates sampled (pass@1, pass@16)
 #   bash experiments/study/run.sh c2long   # C2: c1c2-es continued to 4,800 s of update time (a copy, resumed with a larger budget)
 #   bash experiments/study/run.sh c2xl     # C2: c2-es-long continued to 240 updates (a copy, resumed with a larger cap)
 #   bash experiments/study/run.sh k32 [NAME...]  # C1, C2, C9: the base and the trained models on c1c2's 64 problems, 32 samples
 #   bash experiments/study/run.sh c4 [NAME...]   # C4: forgetting, the base, GRPO and ES (240 updates) on 64 Countdown problems
-#                                          (NAME: base grpo es-240 es-160 c9 c9-reverse es; default: all for k32, base grpo es-240 for c4)
+#                                          (NAME: base grpo es-240 es-160 c9 c9-reverse es grpo-s1 grpo-s2; default: all for k32,
+#                                          base grpo es-240 for c4)
 #   bash experiments/study/run.sh collect  # copy the committed files (configs, logs, seed logs, eval JSON, analyses) to docs/study/
 #   bash experiments/study/run.sh report   # regenerate docs/REPRODUCTION.md from docs/study/ (evolm report --study)
 #
@@ -80,7 +84,7 @@ evaluate() {
 }
 
 # the models the evaluation stages measure, NAME:RUN (the base is the embedded model)
-MODELS="base:smollm2-135m grpo:c1c2-grpo es-240:c2-es-240 es-160:c2-es-long c9:c9-pipeline-grpo-es c9-reverse:c9-pipeline-es-grpo es:c1c2-es"
+MODELS="base:smollm2-135m grpo:c1c2-grpo es-240:c2-es-240 es-160:c2-es-long c9:c9-pipeline-grpo-es c9-reverse:c9-pipeline-es-grpo es:c1c2-es grpo-s1:c1-grpo-seed1 grpo-s2:c1-grpo-seed2"
 
 # each_model STAGE FUNCTION [NAME...]: FUNCTION NAME RUN for the named models (default: all of MODELS)
 each_model() {
@@ -101,6 +105,18 @@ c4_one() {  # forgetting: Countdown (not trained on), 64 problems x 16 samples a
 
 case "${1:-}" in
   c1c2) c1c2 ;;
+  c1seeds) shift; seeds=${*:-1 2}
+      # c1c2-grpo.toml with another root seed (its training prompts, rollouts and its own held-out problems change), two at
+      # once, one thread each on 2,400 s of update time as c1c2 ran; then `evolm eval --like` on c1c2's problems
+      for s in $seeds; do
+        ( n="c1-grpo-seed$s"
+          if [ -d "$OUT/$n" ]; then "$PY" -m evolm grpo --resume "$OUT/$n" --set run.progress=false
+          else "$PY" -m evolm grpo --config experiments/study/c1c2-grpo.toml --set "run.seed=$s" --set "run.name=\"$n\"" \
+            --set run.progress=false; fi
+          [ -f "$OUT/matched/$n/eval.json" ] || "$PY" -m evolm eval --like "$OUT/c1c2-es" --model "$OUT/$n" --no-progress \
+            --out "$OUT/matched/$n" ) > "$OUT/c1-grpo-seed$s.log" 2>&1 &
+      done
+      wait ;;
   cd) side_by_side cd ;;   # C1/C2 on procedural Countdown, 1,200 s of update time each
   q1) single q1-es-norm-attention
       "$PY" experiments/study/at_step.py "$OUT/c1c2-es" 30 "$OUT/matched/c1c2-es-at-30" ;;
@@ -174,7 +190,25 @@ case "${1:-}" in
           --metric pass@1 --threads 1 --out "$OUT/analyses/c5-240"
       fi ;;
   q2) [ -f "$OUT/analyses/q2/compression.json" ] || "$PY" -m evolm analyze compression --trained es="$OUT/c1c2-es" \
-        --trained grpo="$OUT/c1c2-grpo" --methods none,int8,int4 --n 16 --pass-k 1 --pass-k 16 --threads 1 --out "$OUT/analyses/q2" ;;
+        --trained grpo="$OUT/c1c2-grpo" --methods none,int8,int4 --n 16 --pass-k 1 --pass-k 16 --threads 1 --out "$OUT/analyses/q2"
+      # then group-wise int4 (GPTQ/AWQ's layout: one scale per 128 inputs of a row) and 25% global magnitude pruning,
+      # where per-channel int4 took every model to near zero: c1c2-es (weights rebuilt from its seed log) against the
+      # GRPO run of seed 1 (c1seeds stage; c1c2-grpo's own weights are not committed and GRPO has no seed log to
+      # replay), on c1c2's 64 problems (the first --trained run's held-out problems)
+      g="$OUT/c1-grpo-seed1"
+      if [ -f "$g/eval_after.json" ] && [ ! -f "$OUT/analyses/q2-groups/compression.json" ]; then
+        weights "$OUT/c1c2-es"
+        "$PY" -m evolm analyze compression --trained es="$OUT/c1c2-es" --trained grpo="$g" --methods none,int4g128,prune:0.25 \
+          --n 16 --pass-k 1 --pass-k 16 --threads 2 --out "$OUT/analyses/q2-groups"
+      fi
+      # the null for ES's rows: the base plus an isotropic Gaussian step as large as ES's in every tensor
+      # (experiments/study/null_model.py), compressed and measured beside ES on the same problems
+      if [ -f "$OUT/analyses/q2-groups/compression.json" ] && [ ! -f "$OUT/analyses/q2-groups-null/compression.json" ]; then
+        weights "$OUT/c1c2-es"
+        "$PY" experiments/study/null_model.py "$OUT/c1c2-es" "$OUT/models/null-c1c2-es" --seed 0
+        "$PY" -m evolm analyze compression --trained es="$OUT/c1c2-es" --trained null="$OUT/models/null-c1c2-es" \
+          --methods none,int4g128,prune:0.25 --n 16 --pass-k 1 --pass-k 16 --threads 2 --out "$OUT/analyses/q2-groups-null"
+      fi ;;
   c2long) [ -d "$OUT/c2-es-long" ] || cp -r "$OUT/c1c2-es" "$OUT/c2-es-long"   # the same run, continued in its own directory
       "$PY" -m evolm es --resume "$OUT/c2-es-long" --set run.budget=4800 --set run.progress=false > "$OUT/c2-es-long.log" 2>&1 ;;
   c2xl) [ -d "$OUT/c2-es-240" ] || cp -r "$OUT/c2-es-long" "$OUT/c2-es-240"   # needs c2long first
@@ -187,5 +221,5 @@ case "${1:-}" in
       fi ;;
   collect) "$PY" experiments/study/collect.py "$OUT" docs/study ;;
   report) "$PY" -m evolm report --study experiments/study/claims.toml --out docs ;;
-  *) echo "usage: $0 c1c2 | cd | q1 | c8 | c9 | c7 | c7x [UPDATES [N...]] | c3 | c5 | q2 | c2long | c2xl | k32 [NAME...] | c4 [NAME...] | collect | report" >&2; exit 2 ;;
+  *) echo "usage: $0 c1c2 | c1seeds [SEED...] | cd | q1 | c8 | c9 | c7 | c7x [UPDATES [N...]] | c3 | c5 | q2 | c2long | c2xl | k32 [NAME...] | c4 [NAME...] | collect | report" >&2; exit 2 ;;
 esac
