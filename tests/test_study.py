@@ -555,3 +555,44 @@ def test_pick_colour_keeps_a_directory_colour_and_never_repeats_one_within_a_fig
     assert a == COLORS[0] and b != a and len({a, b, c}) == 3
     assert pick_colour("run0", figure, page) == a  # stable within the figure
     assert page["new"] == c  # and remembered for later figures
+
+
+def test_null_model_is_the_base_plus_a_random_step_of_the_runs_size_per_tensor(tmp_path, tokenizer):
+    """experiments/study/null_model.py (Q2's null): every tensor moves from the base by exactly as much as the run's
+    did, in another direction; seeded, so the same seed gives the same model."""
+    import importlib.util
+
+    import torch
+    from conftest import make_tiny_model
+
+    base = make_tiny_model(tokenizer, seed=3)
+    base.save_pretrained(tmp_path / "base")
+    tokenizer.save_pretrained(tmp_path / "base")
+    trained = make_tiny_model(tokenizer, seed=3)
+    with torch.no_grad():
+        trained.model.layers[0].input_layernorm.weight[:5] += 0.5  # a planted, very non-isotropic step
+        trained.model.layers[1].self_attn.q_proj.weight.mul_(1.01)
+    run = tmp_path / "run"
+    trained.save_pretrained(run / "final")
+    tokenizer.save_pretrained(run / "final")
+    (run / "config.toml").write_text(f'[model]\nspec = "{tmp_path / "base"}"\n')
+    (run / "run.json").write_text('{"kind": "es"}\n')
+    spec = importlib.util.spec_from_file_location("study_null", ROOT / "experiments" / "study" / "null_model.py")
+    null_model = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(null_model)
+    assert null_model.main([str(run), str(tmp_path / "null"), "--seed", "1"]) == 0
+    assert null_model.main([str(run), str(tmp_path / "null2"), "--seed", "1"]) == 0
+    b, t = base.state_dict(), trained.state_dict()
+    from transformers import AutoModelForCausalLM
+
+    n = AutoModelForCausalLM.from_pretrained(tmp_path / "null").state_dict()
+    n2 = AutoModelForCausalLM.from_pretrained(tmp_path / "null2").state_dict()
+    for name in t:
+        step, null = t[name] - b[name], n[name] - b[name]
+        assert torch.allclose(null.norm(), step.norm(), rtol=1e-4, atol=1e-6), name
+        assert torch.equal(n[name], n2[name])
+    norm = "model.layers.0.input_layernorm.weight"
+    assert int(((n[norm] - b[norm]).abs() > 0).sum()) == b[norm].numel()  # spread over every coordinate, not 5
+    assert (n["model.embed_tokens.weight"] == b["model.embed_tokens.weight"]).all()  # untouched tensor stays put
+    record = json.loads((tmp_path / "null" / "null.json").read_text())
+    assert record["seed"] == 1 and record["relative_distance_null"] == pytest.approx(record["relative_distance_trained"], rel=1e-4)
