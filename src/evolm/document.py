@@ -31,6 +31,23 @@ COLORS = ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:b
           "tab:cyan", "tab:gray"]
 """The series colours, in order, of every multi-series report figure (a report gives each run one of them
 and uses it in every figure)."""
+EXTRA_COLORS = ["#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94", "#f7b6d2", "#dbdb8d", "#9edae5", "#c7c7c7"]
+"""The light shades of the palette (matplotlib's tab20), for a figure with more series than ``COLORS``."""
+
+
+def pick_colour(owner: str, figure: dict[str, str], page: dict[str, str], palette: list[str] = COLORS) -> str:
+    """The colour of ``owner``'s curves in one figure: the colour it had in earlier figures (``page``) unless another
+    owner of this figure (``figure``) already has it, else the first colour of ``palette`` this figure has not used;
+    both maps are updated. Once a figure has used the whole palette it cycles it."""
+    if owner not in figure:
+        taken = set(figure.values())
+        preferred = page.get(owner)
+        free = [c for c in palette if c not in taken]
+        figure[owner] = preferred if preferred and preferred not in taken else (free[0] if free else palette[len(figure) % len(palette)])
+        page.setdefault(owner, figure[owner])
+    return figure[owner]
+
+
 BASE_COLOR = "black"
 """The colour of a base model's curve shared by every run (dashed)."""
 

@@ -42,7 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
-from evolm.document import COLORS, Canvas, Figure, Section, Table, passk_axes, render_markdown
+from evolm.document import Canvas, Figure, Section, Table, passk_axes, pick_colour, render_markdown
 from evolm.metrics import pass_at_k_problem
 from evolm.report.read import ANALYSIS_KINDS, Reader, Sources, gather
 from evolm.report.sections import analysis_sections, budget_section, configured_match, cost_section, probe_section
@@ -222,20 +222,6 @@ def passk_sections(outcomes: list[ClaimOutcome], data: Path, read, canvas: Canva
                                  [r["entropy"], r["greedy"]] for r in rows],
                                 f"{', '.join(ids)}: mean over problems [95% bootstrap interval]"))
     return [sec]
-
-
-def pick_colour(owner: str, figure: dict[str, str], page: dict[str, str]) -> str:
-    """The colour of ``owner``'s curves in one figure: the colour it had in earlier figures (``page``) unless another
-    directory of this figure (``figure``) already has it, else the first colour this figure has not used; both maps
-    are updated. A page with more directories than colours cycles them, so only a figure cannot repeat one
-    (unless it alone has more directories than ``COLORS``)."""
-    if owner not in figure:
-        taken = set(figure.values())
-        preferred = page.get(owner)
-        free = [c for c in COLORS if c not in taken]
-        figure[owner] = preferred if preferred and preferred not in taken else (free[0] if free else COLORS[len(figure) % len(COLORS)])
-        page.setdefault(owner, figure[owner])
-    return figure[owner]
 
 
 def _mean_entropy(problem: dict) -> float | None:

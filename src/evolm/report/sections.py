@@ -31,7 +31,7 @@ import re
 from typing import Sequence
 
 from evolm.analysis import compression, diversity, drift, localisation, sparsity, update_variance
-from evolm.document import BASE_COLOR, COLORS, Alert, Canvas, Section, Table, integer_x, passk_axes
+from evolm.document import BASE_COLOR, COLORS, EXTRA_COLORS, Alert, Canvas, Section, Table, integer_x, passk_axes, pick_colour
 from evolm.markdown import shown_path
 from evolm.metrics import pass_at_k_curve
 from evolm.report.checks import analysis_warnings, passk_warnings
@@ -194,19 +194,13 @@ def reward_section(src: Sources, canvas: Canvas, match: str = "updates") -> Sect
     return sec
 
 
-EXTRA_COLORS = ["#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94", "#f7b6d2", "#dbdb8d", "#9edae5", "#c7c7c7"]
-"""The light shades of the report palette (matplotlib's tab20), for a figure with more runs than ``COLORS``."""
-
-
 def figure_colors(labels: Sequence[str], src: Sources) -> dict[str, str]:
     """Each label's report colour (``src.color``) unless an earlier label of this figure has it: then the first colour
-    of ``COLORS`` + ``EXTRA_COLORS`` this figure has not used, so a figure of up to 20 runs repeats none."""
+    of ``COLORS`` + ``EXTRA_COLORS`` this figure has not used (``document.pick_colour``), so a figure of up to 20 runs
+    repeats none."""
     out: dict[str, str] = {}
     for label in labels:
-        color = src.color(label)
-        if color in out.values():
-            color = next((c for c in COLORS + EXTRA_COLORS if c not in out.values()), color)
-        out[label] = color
+        pick_colour(label, out, {label: src.color(label)}, COLORS + EXTRA_COLORS)
     return out
 
 
