@@ -146,6 +146,56 @@ def test_change_reproduced_contradicted_inconclusive(tmp_path):
     assert "up pass@1 0.000 → 0.500" in text and "+0.500 [+0.500, +0.500]" in text and "64 problems" in text
 
 
+def test_a_claim_is_contradicted_only_at_its_family_wise_level(tmp_path):
+    """One 95% contradiction among many tests is what chance gives: it contradicts the claim only when it holds at
+    the Bonferroni level 1 - 0.05 / m; a context test is reported but not counted."""
+    assert study.family_level(1) == pytest.approx(0.95) and study.family_level(20) == pytest.approx(0.9975)
+    assert claim_verdict([REPRODUCED, CONTRADICTED], [REPRODUCED, INCONCLUSIVE]) == INCONCLUSIVE
+    assert claim_verdict([REPRODUCED, CONTRADICTED], [INCONCLUSIVE, CONTRADICTED]) == CONTRADICTED
+    assert claim_verdict([REPRODUCED, REPRODUCED], [INCONCLUSIVE, INCONCLUSIVE]) == REPRODUCED  # all at 95%: no correction
+    with pytest.raises(ValueError, match="one family-wise verdict per test"):
+        claim_verdict([REPRODUCED], [])
+    data = tmp_path / "data"
+    # pass@1 falls by 1/16 on 20 of 64 problems and rises by 1/16 on 8: mean -0.0117, standard error ~0.0050 -> the
+    # 95% interval excludes 0 (z 1.96), the 99.75% one of 20 tests (z 3.02) does not
+    write_run(data, "slip", [2] * 64, [1] * 20 + [3] * 8 + [2] * 36)
+    write_run(data, "up", [0] * 64, [8] * 64)
+    write_run(data, "worse", [8] * 64, [0] * 64)
+    test = lambda run, context="": (f'[[claim.test]]\nkind = "change"\nrun = "{run}"\nmetric = "pass@1"\nexpect = "up"\n'  # noqa: E731
+                                    + (f'context = "{context}"\n' if context else "") + "\n")
+    head = lambda cid: f'[[claim]]\nid = "{cid}"\nclaim = "c"\n\n'  # noqa: E731
+    res = outcome(tmp_path, head("ALONE") + test("slip")
+                  + head("MANY") + test("slip") + test("up") * 19
+                  + head("REAL") + test("worse") + test("up") * 19
+                  + head("CTX") + test("up") + test("worse", "the reverse order"))
+    alone, many, real, ctx = res
+    assert alone.tests[0].verdict == CONTRADICTED and alone.verdict == CONTRADICTED  # a family of one: 95%
+    assert alone.tests[0].family_level is None and study.family_note(alone.tests[0]) == ""
+    slip = many.tests[0]
+    assert slip.verdict == CONTRADICTED and slip.family_level == pytest.approx(0.9975)
+    assert slip.family_verdict == INCONCLUSIVE and slip.family_interval[0] < 0 <= slip.family_interval[1]
+    assert slip.family_interval[0] < slip.interval[0] and many.verdict == INCONCLUSIVE
+    text = study.describe(slip)
+    assert "family-wise 99.75% (20 counted tests)" in text and "does not contradict the claim" in text
+    assert real.tests[0].family_verdict == CONTRADICTED and real.verdict == CONTRADICTED
+    assert ctx.verdict == REPRODUCED and ctx.tests[1].verdict == CONTRADICTED and ctx.tests[1].context
+    assert "(context, not counted in the claim's verdict: the reverse order)" in study.describe(ctx.tests[1])
+
+
+def test_family_wise_enrichment_intervals_widen_the_records_own():
+    from evolm.analysis.enrichment import count_enrichment, share_enrichment
+
+    rec = count_enrichment(28, 100, 0.197)  # C6's ES attention row: 28 observed, 19.7 expected
+    assert study.count_interval(rec, 0.95) == pytest.approx(rec["enrichment_interval"])
+    wide = study.count_interval(rec, 0.9975)
+    assert wide[0] < rec["enrichment_interval"][0] and wide[1] > rec["enrichment_interval"][1]
+    share = share_enrichment(sum_sq=2.6, num_params=250, total_sq=1000.0, total_fourth=40.0, total_params=100_000)
+    assert share["z"] > 0 and share["null_enrichment_interval"][1] < 1.5
+    assert study.null_interval(share, 0.95) == pytest.approx(share["null_enrichment_interval"])
+    lo, hi = study.null_interval(share, 0.9975)
+    assert lo < share["null_enrichment_interval"][0] and hi > share["null_enrichment_interval"][1]
+
+
 def test_pass_at_k_per_problem_is_the_unbiased_estimator(tmp_path):
     data = tmp_path / "data"
     cs_before, cs_after = list(range(0, 16)) * 4, [min(c + 3, 16) for c in range(0, 16)] * 4

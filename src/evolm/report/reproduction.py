@@ -9,7 +9,8 @@ module lays the page out:
 1. "What was run": the claims file's intro, then one row per run read (model, dtype, device, threads,
    task, updates, update seconds, sequences, held-out problems × samples), all from the run files.
 2. "Claims and verdicts": one row per claim or open question: claim | command | paper reports |
-   measured here (each test with its 95% interval and verdict) | verdict | what would decide it (with
+   measured here (each test with its 95% interval and verdict; a contradicted one also at the claim's
+   family-wise level, a context one marked not counted) | verdict | what would decide it (with
    the cost here and, when not run, why).
 3. Held-out pass@k curves with bootstrap bands, one figure per claim (claims testing the same files share
    one), each with its table.
@@ -46,9 +47,9 @@ from evolm.document import Canvas, Figure, Section, Table, passk_axes, pick_colo
 from evolm.metrics import pass_at_k_problem
 from evolm.report.read import ANALYSIS_KINDS, Reader, Sources, gather
 from evolm.report.sections import analysis_sections, budget_section, configured_match, cost_section, probe_section
-from evolm.report.study import (BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, CONTRADICTED, INCONCLUSIVE, LEVEL, NOT_RUN,
-                                REPRODUCED, ClaimOutcome, ClaimsFile, bootstrap_curve, bootstrap_interval, describe,
-                                evaluate_claims, files_of, load_claims, task_report)
+from evolm.report.study import (BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, CONTRADICTED, FAMILY_RESAMPLES, INCONCLUSIVE, LEVEL,
+                                NOT_RUN, REPRODUCED, ClaimOutcome, ClaimsFile, bootstrap_curve, bootstrap_interval,
+                                describe, evaluate_claims, files_of, load_claims, task_report)
 from evolm.report.sweeps import sweep_sections
 from evolm.runs import atomic_write_json, atomic_write_text
 
@@ -122,8 +123,13 @@ def verdict_section(outcomes: list[ClaimOutcome]) -> Section:
               "and c, entropy the mean of a problem's samples' token entropy (nats), greedy whether the greedy answer "
               "is correct. A test is reproduced when its interval excludes 0 (or clears the threshold) in the expected "
               "direction, contradicted when it does so in the opposite one, inconclusive at this scale otherwise; "
-              "'not down', 'b not less' and 'equal' use a margin of one problem's share (1 / problems). A claim is reproduced when "
-              "every test is, contradicted when any is, not run when none ran, inconclusive otherwise.")
+              "'not down', 'b not less' and 'equal' use a margin of one problem's share (1 / problems). A claim's verdict counts "
+              "its tests except those marked context (reported with the reason they do not bear on the claim as stated): "
+              f"it is reproduced when every counted test is reproduced at {LEVEL:.0%}, contradicted when a counted test is "
+              f"contradicted at the claim's family-wise level 1 − {1 - LEVEL:.2g} / m (Bonferroni over its m counted tests "
+              f"that ran, the same intervals at that level, {FAMILY_RESAMPLES} bootstrap resamples; with a dozen tests, "
+              f"one {LEVEL:.0%} interval on the wrong side of 0 by chance is likely), not run when none ran, inconclusive "
+              "otherwise; a contradicted test shows its family-wise interval.")
     summary = f"{len(outcomes)} rows: " + ", ".join(f"{n} {v}" for v, n in counts.items())
     rows = []
     for o in outcomes:

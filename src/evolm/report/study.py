@@ -49,9 +49,18 @@ Statistics (pure functions over what was read):
   directly and shown as "exact (one run)". A per-problem list (a sampled measurement, one value per
   problem) is never compared as a bare mean: its mean (of the paired differences with ``minus``) gets the
   same bootstrap interval over problems as a compare test, and the interval must clear the threshold.
-- "not run" when the claim or test sets ``not_run`` or an input file is missing. A claim is
-  reproduced when every test is, contradicted when any test is, "not run" when no test ran, and
-  inconclusive at this scale otherwise.
+- "not run" when the claim or test sets ``not_run`` or an input file is missing.
+- A claim's verdict (``claim_verdict``) counts its tests except the ``context`` ones (reported, with the
+  reason they do not bear on the claim as stated, e.g. C9's reverse order). It is reproduced when every
+  counted test is reproduced at 95% (an intersection-union test: requiring all of them needs no correction),
+  contradicted when some counted test is contradicted at the claim's *family-wise* level 1 − 0.05 / m
+  (Bonferroni over the m counted tests that ran: with a dozen tests per claim, one 95% interval on the wrong
+  side of 0 by chance is likely, and "any contradicted" would manufacture contradictions), "not run" when no
+  test ran, and inconclusive at this scale otherwise. The family-wise interval of each test is computed the
+  same way at the wider level (``family_level``): bootstrap tests with ``FAMILY_RESAMPLES`` resamples (the
+  tails need more than 2000), a top-k count enrichment with its exact interval at that level
+  (``enrichment.clopper_pearson``), a share-of-‖Δ‖² enrichment against its permutation null widened to that
+  level (from the record's z); an exact number has no sampling error and keeps its verdict.
 
 Design decisions:
 
@@ -74,7 +83,10 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from statistics import NormalDist
+
 from evolm import config
+from evolm.analysis.enrichment import clopper_pearson
 from evolm.errors import ConfigError, UserError
 from evolm.metrics import pass_at_k_problem
 
@@ -84,6 +96,9 @@ BOOTSTRAP_SEED = 0
 """The bootstrap's fixed seed: the page regenerates with the same intervals."""
 LEVEL = 0.95
 """The intervals' coverage."""
+FAMILY_RESAMPLES = 20000
+"""Bootstrap resamples for a family-wise interval (``family_level``): its ends are the α / 2m tail quantiles,
+a handful of resamples out of 2000 at m = 15."""
 
 REPRODUCED, CONTRADICTED, INCONCLUSIVE, NOT_RUN = "reproduced", "contradicted", "inconclusive at this scale", "not run"
 VERDICTS = (REPRODUCED, CONTRADICTED, INCONCLUSIVE, NOT_RUN)
@@ -95,8 +110,8 @@ EXPECTS = {"change": ("up", "down", "not_down"), "compare": ("a_greater", "b_gre
 REQUIRED = {"change": ("run", "metric", "expect"), "compare": ("a", "b", "metric", "expect"),
             "contrast": ("a", "b", "c", "d", "metric", "expect"), "value": ("file", "path", "expect", "threshold")}
 """The fields each kind of test needs."""
-OPTIONAL = {"change": ("task", "not_run"), "compare": ("a_base", "b_base", "task", "not_run"), "contrast": ("not_run",),
-            "value": ("over", "minus", "not_run")}
+OPTIONAL = {"change": ("task", "not_run", "context"), "compare": ("a_base", "b_base", "task", "not_run", "context"),
+            "contrast": ("not_run", "context"), "value": ("over", "minus", "not_run", "context")}
 """The fields each kind of test may set besides ``kind`` and its required ones."""
 EXAMPLES = {"run": 'run = "c1c2-es"', "metric": 'metric = "pass@1"', "a": 'a = "c1c2-grpo/eval_after.json"',
             "b": 'b = "matched/es-at-grpo-sequences/eval.json"', "c": 'c = "c7-gemma/es.population=10/eval_after.json"',
@@ -164,6 +179,9 @@ class ClaimTest:
     """change, compare: the task to read from an ``eval.json`` holding several (default: its only task)."""
     not_run: str = ""
     """Why this test was not run (empty: it is run when its files exist)."""
+    context: str = ""
+    """Why this test is reported but not counted in the claim's verdict (empty: it counts), e.g. it measures
+    something beside the claim as stated (C9's reverse order, ES -> GRPO, where the claim is GRPO -> ES)."""
 
 
 @dataclass
@@ -382,12 +400,22 @@ def value_verdict(expect: str, value: float, threshold: float, interval: Sequenc
     return REPRODUCED if sign * (value - threshold) > 0 else CONTRADICTED
 
 
-def claim_verdict(verdicts: Sequence[str]) -> str:
-    """All tests reproduced -> reproduced; any contradicted -> contradicted; none run -> not run; else
+def family_level(tests: int) -> float:
+    """The Bonferroni level for ``tests`` counted tests of one claim: 1 − (1 − ``LEVEL``) / tests."""
+    return 1.0 - (1.0 - LEVEL) / max(1, tests)
+
+
+def claim_verdict(verdicts: Sequence[str], family: Sequence[str] | None = None) -> str:
+    """The verdict of a claim from its counted tests' 95% ``verdicts`` and their ``family``-wise ones (the same
+    tests at ``family_level``; default: the 95% ones, a family of one): every test reproduced at 95% ->
+    reproduced; any contradicted at the family-wise level -> contradicted; none run -> not run; else
     inconclusive at this scale."""
+    family = list(verdicts) if family is None else list(family)
+    if len(family) != len(verdicts):
+        raise ValueError("claim_verdict needs one family-wise verdict per test")
     if not verdicts or all(v == NOT_RUN for v in verdicts):
         return NOT_RUN
-    if CONTRADICTED in verdicts:
+    if any(v == CONTRADICTED and f == CONTRADICTED for v, f in zip(verdicts, family)):
         return CONTRADICTED
     if all(v == REPRODUCED for v in verdicts):
         return REPRODUCED
@@ -455,6 +483,17 @@ class Outcome:
     """Extra words: counts behind an enrichment, or why the test was not run."""
     files: list[str] = field(default_factory=list)
     """The files the test read or would read."""
+    context: str = ""
+    """The test's ``context``: why it is reported but not counted in the claim's verdict (empty: it counts)."""
+    family_level: float | None = None
+    """The claim's family-wise level (``family_level`` of its counted tests that ran); None for a context test,
+    one that did not run, or a claim with one counted test."""
+    family_interval: list[float] | None = None
+    """The estimate's interval at ``family_level`` (for a share enrichment: the null's interval there); None for
+    an exact number."""
+    family_verdict: str = ""
+    """The verdict at ``family_level`` (the 95% verdict when there is no family); a claim is contradicted only by
+    a test contradicted at this level."""
 
 
 @dataclass
@@ -515,7 +554,16 @@ def _missing(result: Outcome, paths: list[Path]) -> bool:
     return bool(missing)
 
 
-def _paired(claim: str, test: ClaimTest, label: str, paths: list[Path], read: Callable[[Path], Any]) -> Outcome:
+@dataclass(frozen=True)
+class Level:
+    """The coverage an evaluation computes its intervals at, and the bootstrap resamples behind them."""
+
+    level: float = LEVEL
+    resamples: int = BOOTSTRAP_RESAMPLES
+
+
+def _paired(claim: str, test: ClaimTest, label: str, paths: list[Path], read: Callable[[Path], Any],
+            at: Level = Level()) -> Outcome:
     """compare: b − a per problem; with ``a_base`` / ``b_base`` (``paths[2:]``), (b − b_base) − (a − a_base)."""
     a_path, b_path = paths[0], paths[1]
     result = Outcome(claim, test.kind, label, NOT_RUN, expect=test.expect, files=[str(p) for p in paths])
@@ -533,14 +581,15 @@ def _paired(claim: str, test: ClaimTest, label: str, paths: list[Path], read: Ca
         result.detail = f"no per-problem {test.metric} in {' or '.join(map(str, paths))}"
         return result
     diffs = [y - x for x, y in pairs]
-    mean, lo, hi = bootstrap_interval(diffs)
+    mean, lo, hi = bootstrap_interval(diffs, at.resamples, level=at.level)
     result.verdict = interval_verdict(test.expect, lo, hi, len(pairs))
     result.estimate, result.interval, result.problems = mean, [lo, hi], len(pairs)
     result.a, result.b = sum(x for x, _ in pairs) / len(pairs), sum(y for _, y in pairs) / len(pairs)
     return result
 
 
-def _contrast(claim: str, test: ClaimTest, label: str, paths: list[Path], read: Callable[[Path], Any]) -> Outcome:
+def _contrast(claim: str, test: ClaimTest, label: str, paths: list[Path], read: Callable[[Path], Any],
+              at: Level = Level()) -> Outcome:
     """contrast: (b − a) per problem of the first set against (d − c) per problem of the second."""
     result = Outcome(claim, test.kind, label, NOT_RUN, expect=test.expect, files=[str(p) for p in paths])
     if _missing(result, paths):
@@ -553,7 +602,7 @@ def _contrast(claim: str, test: ClaimTest, label: str, paths: list[Path], read: 
     if not gaps[0] or not gaps[1]:
         result.detail = f"no per-problem {test.metric} in {' or '.join(map(str, paths))}"
         return result
-    mean, lo, hi = contrast_interval(gaps[0], gaps[1])
+    mean, lo, hi = contrast_interval(gaps[0], gaps[1], at.resamples, level=at.level)
     result.verdict = interval_verdict(test.expect, lo, hi, min(map(len, gaps)))
     result.estimate, result.interval = mean, [lo, hi]
     result.a, result.b = (sum(g) / len(g) for g in gaps)
@@ -579,7 +628,7 @@ def _per_problem(node: Any, where: str) -> list[float]:
 
 
 def _list_value(result: Outcome, test: ClaimTest, node: list, where: str, read: Callable[[Path], Any],
-                second: Path | None) -> Outcome:
+                second: Path | None, at: Level) -> Outcome:
     """A per-problem list's mean (or the mean of its paired differences with ``minus``) with its bootstrap interval."""
     values = _per_problem(node, where)
     if second is not None:
@@ -590,13 +639,35 @@ def _list_value(result: Outcome, test: ClaimTest, node: list, where: str, read: 
                             "the same problems in the same order")
         result.a, result.b = sum(values) / len(values), sum(other) / len(other)
         values = [x - y for x, y in zip(values, other)]
-    mean, lo, hi = bootstrap_interval(values)
+    mean, lo, hi = bootstrap_interval(values, at.resamples, level=at.level)
     result.estimate, result.interval, result.problems = mean, [lo, hi], len(values)
     result.verdict = value_verdict(test.expect, mean, test.threshold, result.interval)
     return result
 
 
-def _value(claim: str, test: ClaimTest, label: str, files: list[Path], read: Callable[[Path], Any]) -> Outcome:
+def count_interval(record: dict, level: float) -> list[float] | None:
+    """A top-k count enrichment's exact (Clopper-Pearson) interval at ``level``, from its record (``observed``,
+    ``expected`` = k × ``parameter_share``): the record's own interval is at its ``confidence`` (95%)."""
+    share, expected, observed = record.get("parameter_share"), record.get("expected"), record.get("observed")
+    if not share or expected is None or observed is None:
+        return record.get("enrichment_interval")
+    lo, hi = clopper_pearson(int(observed), round(expected / share), 1.0 - level)
+    return [lo / share, hi / share]
+
+
+def null_interval(record: dict, level: float) -> list[float] | None:
+    """A share-of-‖Δ‖² enrichment's permutation-null interval at ``level``: 1 ± q·sd, with sd the null's standard
+    deviation of the enrichment recovered from the record's z ((enrichment − 1) / z) and q the normal quantile,
+    clipped like the record's own (share in [0, 1]). Without a usable z the record's 95% interval is kept."""
+    z, e, share = record.get("z"), record.get("enrichment"), record.get("parameter_share")
+    if not z or e is None or not share:
+        return record.get("null_enrichment_interval")
+    q, sd = NormalDist().inv_cdf((1 + level) / 2), (e - 1.0) / z
+    return [max(0.0, 1.0 - q * sd), min(1.0 / share, 1.0 + q * sd)]
+
+
+def _value(claim: str, test: ClaimTest, label: str, files: list[Path], read: Callable[[Path], Any],
+           at: Level = Level()) -> Outcome:
     path, over = files[0], (files[1] if test.over or test.minus else None)
     result = Outcome(claim, test.kind, label, NOT_RUN, expect=test.expect, threshold=test.threshold,
                         files=[str(path)] + ([str(over)] if over else []))
@@ -605,19 +676,20 @@ def _value(claim: str, test: ClaimTest, label: str, files: list[Path], read: Cal
     node = lookup(read(path), test.path, str(path))
     where = f"{path}: {test.path}"
     if isinstance(node, list):
-        return _list_value(result, test, node, where, read, over)
+        return _list_value(result, test, node, where, read, over, at)
     if test.minus is not None:
         raise UserError(f"{where} is not a per-problem list; minus subtracts lists: drop minus or point path at a list")
     if isinstance(node, dict) and ("enrichment_interval" in node or "null_enrichment_interval" in node):
         if over is not None:
             raise UserError(f"{where} is an enrichment record; over divides numbers only: drop over or point path at a number")
         result.estimate = node.get("enrichment")
+        wider = at.level != node.get("confidence", LEVEL)
         if "enrichment_interval" in node:  # a top-k count against Binomial(k, share): its own exact interval
-            result.interval = node.get("enrichment_interval")
+            result.interval = count_interval(node, at.level) if wider else node.get("enrichment_interval")
             result.p = node.get("p_enriched" if test.expect == ">" else "p_depleted")
             result.detail = f"{node.get('observed')} observed, {node.get('expected'):.3g} expected"
         else:  # a share of ‖Δ‖² against the permutation null
-            result.null = node.get("null_enrichment_interval")
+            result.null = null_interval(node, at.level) if wider else node.get("null_enrichment_interval")
             result.p = node.get("p_two_sided")
             share = node.get("share")
             result.detail = (f"share of ‖Δ‖² {share:.3g} vs parameter share {node.get('parameter_share'):.3g}"
@@ -669,27 +741,46 @@ def label_of(test: ClaimTest) -> str:
     return f"{where}: " + test.path + (f" / {test.over.path}" if test.over else f" − {test.minus.path}" if test.minus else "")
 
 
-def evaluate_test(claim: Claim, test: ClaimTest, data_dir: Path, read: Callable[[Path], Any]) -> Outcome:
-    """One test's outcome; ``read(path)`` parses a JSON file (and may record it)."""
+def evaluate_test(claim: Claim, test: ClaimTest, data_dir: Path, read: Callable[[Path], Any],
+                  at: Level = Level()) -> Outcome:
+    """One test's outcome with its intervals at ``at`` (default 95%); ``read(path)`` parses a JSON file (and may
+    record it)."""
     label, files = label_of(test), files_of(test, data_dir)
     if claim.not_run or test.not_run:
-        return Outcome(claim.id, test.kind, label, NOT_RUN, expect=test.expect, threshold=test.threshold,
-                       detail=test.not_run or claim.not_run, files=[str(f) for f in files])
-    if test.kind == "value":
-        return _value(claim.id, test, label, files, read)
-    if test.kind == "contrast":
-        return _contrast(claim.id, test, label, files, read)
-    return _paired(claim.id, test, label, files, read)
+        result = Outcome(claim.id, test.kind, label, NOT_RUN, expect=test.expect, threshold=test.threshold,
+                         detail=test.not_run or claim.not_run, files=[str(f) for f in files])
+    elif test.kind == "value":
+        result = _value(claim.id, test, label, files, read, at)
+    elif test.kind == "contrast":
+        result = _contrast(claim.id, test, label, files, read, at)
+    else:
+        result = _paired(claim.id, test, label, files, read, at)
+    result.context = test.context
+    return result
+
+
+def evaluate_claim(claim: Claim, data_dir: Path, read: Callable[[Path], Any]) -> ClaimOutcome:
+    """A claim's tests at 95%, its counted tests again at the claim's family-wise level, and its verdict
+    (module docstring)."""
+    tests = [evaluate_test(claim, t, data_dir, read) for t in claim.test]
+    counted = [(t, r) for t, r in zip(claim.test, tests) if not t.context]
+    ran = [(t, r) for t, r in counted if r.verdict != NOT_RUN]
+    level = family_level(len(ran))
+    for t, r in counted:
+        r.family_verdict, r.family_interval = r.verdict, r.interval if r.null is None else r.null
+        if len(ran) > 1 and r.verdict != NOT_RUN and r.estimate is not None and (r.interval or r.null):
+            wide = evaluate_test(claim, t, data_dir, read, Level(level, FAMILY_RESAMPLES))
+            r.family_level, r.family_verdict = level, wide.verdict
+            r.family_interval = wide.interval if wide.null is None else wide.null
+    verdict = NOT_RUN if claim.not_run else claim_verdict([r.verdict for _, r in counted],
+                                                          [r.family_verdict for _, r in counted])
+    return ClaimOutcome(claim, verdict, tests)
 
 
 def evaluate_claims(claims: ClaimsFile, read: Callable[[Path], Any], data_dir: str | Path | None = None) -> list[ClaimOutcome]:
     """Every claim's tests and verdict, reading files under ``data_dir`` (default ``claims.study.data``)."""
     root = Path(claims.study.data if data_dir is None else data_dir)
-    out = []
-    for c in claims.claim:
-        tests = [evaluate_test(c, t, root, read) for t in c.test]
-        out.append(ClaimOutcome(c, NOT_RUN if c.not_run else claim_verdict([t.verdict for t in tests]), tests))
-    return out
+    return [evaluate_claim(c, root, read) for c in claims.claim]
 
 
 # -- words -------------------------------------------------------------------------------------------
@@ -705,7 +796,28 @@ def _g(x: float | None) -> str:
 
 def describe(r: Outcome) -> str:
     """One test's result in words, e.g. ``c1c2-grpo pass@1 0.191 → 0.492: +0.301 [+0.252, +0.350] (64 problems;
-    expected up): reproduced``."""
+    expected up): reproduced``; a context test says it is not counted, and a contradicted test of a claim with
+    several says whether it stays contradicted at the claim's family-wise level (``family_note``)."""
+    return _describe(r) + family_note(r)
+
+
+def family_note(r: Outcome) -> str:
+    """``; family-wise 99.71% (17 counted tests) [-0.231, -0.012]: inconclusive at this scale (...)`` for a
+    contradicted counted test with a family-wise interval, `` (context, not counted: why)`` for a context test,
+    else nothing."""
+    if r.context:
+        return f" (context, not counted in the claim's verdict: {r.context})"
+    if r.verdict != CONTRADICTED or r.family_level is None or r.family_interval is None:
+        return ""
+    tests = round((1 - LEVEL) / (1 - r.family_level))
+    lo, hi = r.family_interval
+    ends = (f"null {_g(lo)}–{_g(hi)}" if r.null is not None else f"[{_g(lo)}, {_g(hi)}]" if r.kind == "value"
+            else f"[{_signed(lo)}, {_signed(hi)}]")
+    tail = "" if r.family_verdict == CONTRADICTED else " (so it does not contradict the claim)"
+    return f"; family-wise {100 * r.family_level:.4g}% ({tests} counted tests) {ends}: {r.family_verdict}{tail}"
+
+
+def _describe(r: Outcome) -> str:
     if r.verdict == NOT_RUN:
         return f"{r.label}: not run ({r.detail})" if r.detail else f"{r.label}: not run"
     if r.kind == "contrast" and r.estimate is not None:
