@@ -646,3 +646,28 @@ def test_null_model_is_the_base_plus_a_random_step_of_the_runs_size_per_tensor(t
     assert (n["model.embed_tokens.weight"] == b["model.embed_tokens.weight"]).all()  # untouched tensor stays put
     record = json.loads((tmp_path / "null" / "null.json").read_text())
     assert record["seed"] == 1 and record["relative_distance_null"] == pytest.approx(record["relative_distance_trained"], rel=1e-4)
+
+
+def test_every_claims_command_is_a_stage_of_the_driver():
+    """Each row's command names stages that experiments/study/run.sh has (and lists in its usage line), and the
+    driver parses: a fresh clone can run every row's command."""
+    import subprocess
+
+    driver = ROOT / "experiments" / "study" / "run.sh"
+    text = driver.read_text()
+    subprocess.run(["bash", "-n", str(driver)], check=True)
+    stages = set(re.findall(r"^  ([a-z0-9]+)\)", text, flags=re.M))
+    usage = re.search(r'usage: \$0 ([^"]+)"', text).group(1)
+    claims = load_claims(ROOT / "experiments" / "study" / "claims.toml")
+    named = {s for c in claims.claim for s in re.findall(r"run\.sh ([a-z0-9]+)", c.command)}
+    assert named and named <= stages, named - stages
+    assert named <= set(re.findall(r"[a-z0-9]+", usage)), named - set(re.findall(r"[a-z0-9]+", usage))
+
+
+def test_the_committed_page_regenerates_from_the_committed_files(tmp_path, monkeypatch):
+    """docs/REPRODUCTION.md and docs/study/reproduction.json are what `evolm report --study` writes from the
+    committed claims file and docs/study/ today (regenerate them with bash experiments/study/run.sh report)."""
+    monkeypatch.chdir(ROOT)
+    result = build_study("experiments/study/claims.toml", out=tmp_path)
+    assert result.markdown.read_text() == (ROOT / "docs" / "REPRODUCTION.md").read_text()
+    assert json.loads(result.json.read_text()) == json.loads((ROOT / "docs" / "study" / "reproduction.json").read_text())
