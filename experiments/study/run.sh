@@ -11,6 +11,8 @@
 #                                          and the second order's GRPO stage alone from the base (control)
 #   bash experiments/study/run.sh c7       # C7: ES with N = 10, 20, 30 on SmolLM2-135M and on Gemma-3-270M, 20 updates each
 #   bash experiments/study/run.sh c7x [UPDATES [N...]]  # C7: copies of the N = 10 and 30 points continued to 40 (UPDATES) updates
+#   bash experiments/study/run.sh seeds [SEED...]  # C1, C2, C9: a second seed (default 1) of GRPO on Countdown and of the
+#                                          GRPO -> ES pipeline, side by side, each then evaluated on its seed-0 counterpart's problems
 #   bash experiments/study/run.sh c3       # C3: population vs centre coverage around c1c2-es's final weights (and at updates 160, 240),
 #                                          and around Gemma-3-270M's after c7-gemma's N = 30 point
 #   bash experiments/study/run.sh q2       # Q2: base, ES and GRPO fake-quantised to int8 / int4 and re-evaluated; after c1seeds,
@@ -118,6 +120,27 @@ case "${1:-}" in
       done
       wait ;;
   cd) side_by_side cd ;;   # C1/C2 on procedural Countdown, 1,200 s of update time each
+  seeds) shift; seeds=${*:-1}
+      # a second seed where one setting had one: GRPO on Countdown (cd-grpo.toml, 1,200 s of update time) and the
+      # GRPO -> ES pipeline (c9-pipeline-grpo-es.toml, 18 + 31 updates), each with run.seed = S (its training prompts,
+      # rollouts and its own held-out problems change), side by side, one thread each; then each evaluated with
+      # `evolm eval --like` on its seed-0 counterpart's problems (cd-grpo's, c1c2's), where the seed-0 runs it is
+      # compared with were measured
+      for s in $seeds; do
+        ( n="cd-grpo-seed$s"
+          if [ -d "$OUT/$n" ]; then "$PY" -m evolm grpo --resume "$OUT/$n" --set run.progress=false
+          else "$PY" -m evolm grpo --config experiments/study/cd-grpo.toml --set "run.seed=$s" --set "run.name=\"$n\"" \
+            --set run.progress=false; fi
+          [ -f "$OUT/matched/$n/eval.json" ] || "$PY" -m evolm eval --like "$OUT/cd-grpo" --model "$OUT/$n" --no-progress \
+            --out "$OUT/matched/$n" ) > "$OUT/cd-grpo-seed$s.log" 2>&1 &
+        ( n="c9-pipeline-grpo-es-seed$s"
+          if [ -d "$OUT/$n" ]; then "$PY" -m evolm pipeline --resume "$OUT/$n" --set run.progress=false
+          else "$PY" -m evolm pipeline --config experiments/study/c9-pipeline-grpo-es.toml --set "run.seed=$s" \
+            --set "run.name=\"$n\"" --set run.progress=false; fi
+          [ -f "$OUT/matched/$n/eval.json" ] || "$PY" -m evolm eval --like "$OUT/c1c2-es" --model "$OUT/$n" --no-progress \
+            --out "$OUT/matched/$n" ) > "$OUT/c9-pipeline-grpo-es-seed$s.log" 2>&1 &
+        wait
+      done ;;
   q1) single q1-es-norm-attention
       "$PY" experiments/study/at_step.py "$OUT/c1c2-es" 30 "$OUT/matched/c1c2-es-at-30" ;;
   c8) single c8-es-antithetic
@@ -221,5 +244,5 @@ case "${1:-}" in
       fi ;;
   collect) "$PY" experiments/study/collect.py "$OUT" docs/study ;;
   report) "$PY" -m evolm report --study experiments/study/claims.toml --out docs ;;
-  *) echo "usage: $0 c1c2 | c1seeds [SEED...] | cd | q1 | c8 | c9 | c7 | c7x [UPDATES [N...]] | c3 | c5 | q2 | c2long | c2xl | k32 [NAME...] | c4 [NAME...] | collect | report" >&2; exit 2 ;;
+  *) echo "usage: $0 c1c2 | c1seeds [SEED...] | cd | seeds [SEED...] | q1 | c8 | c9 | c7 | c7x [UPDATES [N...]] | c3 | c5 | q2 | c2long | c2xl | k32 [NAME...] | c4 [NAME...] | collect | report" >&2; exit 2 ;;
 esac
