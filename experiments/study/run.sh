@@ -70,6 +70,16 @@ c1c2() {
   [ -f "$a/sparsity.json" ] || "$PY" -m evolm analyze sparsity --trained es="$OUT/c1c2-es" --trained grpo="$OUT/c1c2-grpo" --no-eval --out "$a"
 }
 
+seed_run() {  # seed_run KIND CONFIG NAME SEED LIKE: CONFIG with run.seed = SEED as run NAME (resumed if it exists; its
+  # training prompts, rollouts and own held-out problems change with the seed), then evaluated with `evolm eval --like`
+  # on run LIKE's held-out problems into matched/NAME, where the seed-0 runs it is compared with were measured
+  local kind=$1 config=$2 name=$3 seed=$4 like=$5
+  if [ -d "$OUT/$name" ]; then "$PY" -m evolm "$kind" --resume "$OUT/$name" --set run.progress=false
+  else "$PY" -m evolm "$kind" --config "$config" --set "run.seed=$seed" --set "run.name=\"$name\"" --set run.progress=false; fi
+  [ -f "$OUT/matched/$name/eval.json" ] || "$PY" -m evolm eval --like "$OUT/$like" --model "$OUT/$name" --no-progress \
+    --out "$OUT/matched/$name"
+}
+
 single() {  # single NAME: one ES run of experiments/study/NAME.toml
   run_or_resume es "experiments/study/$1.toml" "$1" > "$OUT/$1.log" 2>&1
 }
@@ -108,37 +118,21 @@ c4_one() {  # forgetting: Countdown (not trained on), 64 problems x 16 samples a
 case "${1:-}" in
   c1c2) c1c2 ;;
   c1seeds) shift; seeds=${*:-1 2}
-      # c1c2-grpo.toml with another root seed (its training prompts, rollouts and its own held-out problems change), two at
-      # once, one thread each on 2,400 s of update time as c1c2 ran; then `evolm eval --like` on c1c2's problems
+      # c1c2-grpo.toml with another root seed, two at once, one thread each on 2,400 s of update time as c1c2 ran;
+      # then evaluated on c1c2's problems
       for s in $seeds; do
-        ( n="c1-grpo-seed$s"
-          if [ -d "$OUT/$n" ]; then "$PY" -m evolm grpo --resume "$OUT/$n" --set run.progress=false
-          else "$PY" -m evolm grpo --config experiments/study/c1c2-grpo.toml --set "run.seed=$s" --set "run.name=\"$n\"" \
-            --set run.progress=false; fi
-          [ -f "$OUT/matched/$n/eval.json" ] || "$PY" -m evolm eval --like "$OUT/c1c2-es" --model "$OUT/$n" --no-progress \
-            --out "$OUT/matched/$n" ) > "$OUT/c1-grpo-seed$s.log" 2>&1 &
+        seed_run grpo experiments/study/c1c2-grpo.toml "c1-grpo-seed$s" "$s" c1c2-es > "$OUT/c1-grpo-seed$s.log" 2>&1 &
       done
       wait ;;
   cd) side_by_side cd ;;   # C1/C2 on procedural Countdown, 1,200 s of update time each
   seeds) shift; seeds=${*:-1}
       # a second seed where one setting had one: GRPO on Countdown (cd-grpo.toml, 1,200 s of update time) and the
-      # GRPO -> ES pipeline (c9-pipeline-grpo-es.toml, 18 + 31 updates), each with run.seed = S (its training prompts,
-      # rollouts and its own held-out problems change), side by side, one thread each; then each evaluated with
-      # `evolm eval --like` on its seed-0 counterpart's problems (cd-grpo's, c1c2's), where the seed-0 runs it is
-      # compared with were measured
+      # GRPO -> ES pipeline (c9-pipeline-grpo-es.toml, 18 + 31 updates), side by side, one thread each; then each
+      # evaluated on its seed-0 counterpart's problems (cd-grpo's, c1c2's)
       for s in $seeds; do
-        ( n="cd-grpo-seed$s"
-          if [ -d "$OUT/$n" ]; then "$PY" -m evolm grpo --resume "$OUT/$n" --set run.progress=false
-          else "$PY" -m evolm grpo --config experiments/study/cd-grpo.toml --set "run.seed=$s" --set "run.name=\"$n\"" \
-            --set run.progress=false; fi
-          [ -f "$OUT/matched/$n/eval.json" ] || "$PY" -m evolm eval --like "$OUT/cd-grpo" --model "$OUT/$n" --no-progress \
-            --out "$OUT/matched/$n" ) > "$OUT/cd-grpo-seed$s.log" 2>&1 &
-        ( n="c9-pipeline-grpo-es-seed$s"
-          if [ -d "$OUT/$n" ]; then "$PY" -m evolm pipeline --resume "$OUT/$n" --set run.progress=false
-          else "$PY" -m evolm pipeline --config experiments/study/c9-pipeline-grpo-es.toml --set "run.seed=$s" \
-            --set "run.name=\"$n\"" --set run.progress=false; fi
-          [ -f "$OUT/matched/$n/eval.json" ] || "$PY" -m evolm eval --like "$OUT/c1c2-es" --model "$OUT/$n" --no-progress \
-            --out "$OUT/matched/$n" ) > "$OUT/c9-pipeline-grpo-es-seed$s.log" 2>&1 &
+        seed_run grpo experiments/study/cd-grpo.toml "cd-grpo-seed$s" "$s" cd-grpo > "$OUT/cd-grpo-seed$s.log" 2>&1 &
+        seed_run pipeline experiments/study/c9-pipeline-grpo-es.toml "c9-pipeline-grpo-es-seed$s" "$s" c1c2-es \
+          > "$OUT/c9-pipeline-grpo-es-seed$s.log" 2>&1 &
         wait
       done ;;
   q1) single q1-es-norm-attention
