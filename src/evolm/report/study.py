@@ -559,7 +559,9 @@ class Level:
     """The coverage an evaluation computes its intervals at, and the bootstrap resamples behind them."""
 
     level: float = LEVEL
+    """Interval coverage (``LEVEL``, or a claim's ``family_level``)."""
     resamples: int = BOOTSTRAP_RESAMPLES
+    """Bootstrap resamples (``FAMILY_RESAMPLES`` at a family-wise level, whose tails need more)."""
 
 
 def _paired(claim: str, test: ClaimTest, label: str, paths: list[Path], read: Callable[[Path], Any],
