@@ -63,7 +63,8 @@ def register(subparsers) -> None:
                     "population-scaling, sigma, estimator and shaping ablations, each with a table of its numbers. "
                     "Writes <out>/report.md, <out>/report.html (figures embedded), <out>/report.json and <out>/figures/. "
                     "With --study CLAIMS it writes the reproduction study's page instead: <out>/REPRODUCTION.md (one row "
-                    "per claim: command, what the paper reports, what was measured here with its 95% interval, verdict), "
+                    "per claim: command, what the paper reports, what was measured here with its 95% interval, verdict: "
+                    "contradicted only at the claim's family-wise level), "
                     "figures under <out>/study/figures/ and <out>/study/reproduction.json, from the committed files the "
                     "claims file names.",
         epilog="examples:\n  evolm report runs/es runs/grpo runs/es/analysis --label ES=runs/es --out report\n"
