@@ -134,7 +134,7 @@ def share_enrichment(sum_sq: float, num_params: int, total_sq: float, total_four
     n, big_n = int(num_params), int(total_params)
     share = n / big_n if big_n else 0.0
     observed = sum_sq / total_sq if total_sq > 0 else None  # nothing moved: no share to compare
-    z_q = _normal_quantile(1 - alpha / 2)
+    z_q = normal_quantile(1 - alpha / 2)
     out = {"parameter_share": share, "share": observed,
            "enrichment": observed / share if share > 0 and observed is not None else None,
            "null_share_interval": None, "null_enrichment_interval": None, "z": None, "p_two_sided": None,
@@ -157,7 +157,7 @@ def share_enrichment(sum_sq: float, num_params: int, total_sq: float, total_four
     return out
 
 
-def _normal_quantile(q: float) -> float:
+def normal_quantile(q: float) -> float:
     """The standard normal quantile, by bisection on ``erf`` (only a few are ever needed)."""
     if abs(q - 0.975) < 1e-15:
         return Z_95

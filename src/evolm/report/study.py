@@ -75,6 +75,7 @@ Design decisions:
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass, field
@@ -83,10 +84,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from statistics import NormalDist
-
 from evolm import config
-from evolm.analysis.enrichment import clopper_pearson
+from evolm.analysis.enrichment import clopper_pearson, normal_quantile
 from evolm.errors import ConfigError, UserError
 from evolm.metrics import pass_at_k_problem
 
@@ -664,7 +663,7 @@ def null_interval(record: dict, level: float) -> list[float] | None:
     z, e, share = record.get("z"), record.get("enrichment"), record.get("parameter_share")
     if not z or e is None or not share:
         return record.get("null_enrichment_interval")
-    q, sd = NormalDist().inv_cdf((1 + level) / 2), (e - 1.0) / z
+    q, sd = normal_quantile((1 + level) / 2), (e - 1.0) / z
     return [max(0.0, 1.0 - q * sd), min(1.0 / share, 1.0 + q * sd)]
 
 
@@ -763,7 +762,8 @@ def evaluate_test(claim: Claim, test: ClaimTest, data_dir: Path, read: Callable[
 
 def evaluate_claim(claim: Claim, data_dir: Path, read: Callable[[Path], Any]) -> ClaimOutcome:
     """A claim's tests at 95%, its counted tests again at the claim's family-wise level, and its verdict
-    (module docstring)."""
+    (module docstring). Each file is read once: the family-wise pass reuses what the first pass read."""
+    read = functools.cache(read)
     tests = [evaluate_test(claim, t, data_dir, read) for t in claim.test]
     counted = [(t, r) for t, r in zip(claim.test, tests) if not t.context]
     ran = [(t, r) for t, r in counted if r.verdict != NOT_RUN]
