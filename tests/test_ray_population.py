@@ -69,6 +69,13 @@ def test_cuda_actors_need_a_gpu_reservation():
         config.from_dict(config.ESJob, {}, ok)
 
 
+def test_vllm_inside_ray_actors_is_refused_until_the_actors_perturb_their_engines():
+    """The silent combination: each actor perturbed its HF copy while its vLLM engine scored the base weights."""
+    with pytest.raises(config.ConfigError, match=r"generation.backend='vllm' with distributed.workers=2 is not supported"):
+        config.from_dict(config.ESJob, {}, ["distributed.workers=2", "generation.backend='vllm'"])
+    config.from_dict(config.ESJob, {}, ["distributed.workers=1", "generation.backend='vllm'"])  # one process: perturbs its engine
+
+
 def test_workers_without_ray_installed_is_a_one_line_config_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # what an environment without the distributed extra looks like
     with pytest.raises(config.ConfigError, match=r"needs Ray: pip install 'evolm\[distributed\]'"):

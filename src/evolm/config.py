@@ -375,6 +375,11 @@ class ESJob:
         if d.workers >= 2 and self.model.device.startswith("cuda"):
             require(d.gpus > 0, "model.device is cuda but distributed.gpus is 0: set distributed.gpus (e.g. 1) "
                                 "so Ray gives every actor a GPU")
+        if d.workers >= 2:  # each actor builds a ParamSet on its HF copy: a vLLM engine there would never see it
+            require(self.generation.backend == "hf",
+                    f"generation.backend='{self.generation.backend}' with distributed.workers={d.workers} is not supported yet "
+                    "(the actors' engines would score the unperturbed weights); set distributed.workers=0 to perturb "
+                    "inside one vLLM engine, or generation.backend='hf' for a Ray population")
         if self.es.perturbation == "lowrank":
             require(self.generation.backend == "hf",
                     f"es.perturbation='lowrank' scores members in batched forward passes of the hf backend; "
