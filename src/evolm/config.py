@@ -122,6 +122,10 @@ class ModelConfig:
     """torch CPU threads (1 is steadiest on a shared 2-core machine)."""
     device: str = "cpu"
     """torch device for the model: cpu, cuda, cuda:1, ..."""
+    revision: str = ""
+    """Hub id specs: the branch, tag or commit to load ("" is the repository's default branch); pin a commit to make a run reproducible. Ignored for local files."""
+    trust_remote_code: bool = False
+    """Run the Python code a model's repository (or directory) ships for its architecture; only for models whose code you trust."""
 
     def validate(self, p: str) -> None:
         require(self.threads >= 1, f"{p}.threads must be >= 1 (got {self.threads})")

@@ -165,7 +165,9 @@ def evaluate_like(run_path, model_spec: str | None = None, *, dtype: str | None 
     task = heldout_task(cfg)
     spec = model_spec or str(run.path)
     model, tokenizer = models.load(spec, dtype=dtype or cfg.model.dtype, threads=threads or cfg.model.threads,
-                                   device=device or cfg.model.device)
+                                   device=device or cfg.model.device,  # the revision is model.spec's, not this spec's
+                                   revision=cfg.model.revision if spec == cfg.model.spec else "",
+                                   trust_remote_code=cfg.model.trust_remote_code)
     generator = make_heldout_generator(cfg, model, tokenizer)  # the backend the run measured its held-out sets with
     with isolated(model):
         result = measure_heldout(cfg, generator, tokenizer, task, progress=progress)

@@ -115,7 +115,8 @@ def build_components(cfg, *, model=None, tokenizer=None, task: Task | None = Non
     if task is None:
         task = make_task(cfg.task.name, cfg.task.reward, cfg.task.system_prompt, **cfg.task.params)
     if model is None:
-        model, loaded = models.load(cfg.model.spec, dtype=cfg.model.dtype, threads=cfg.model.threads, device=cfg.model.device)
+        model, loaded = models.load(cfg.model.spec, dtype=cfg.model.dtype, threads=cfg.model.threads, device=cfg.model.device,
+                                    revision=cfg.model.revision, trust_remote_code=cfg.model.trust_remote_code)
         tokenizer = tokenizer or loaded
     if tokenizer is None:
         raise UserError("pass the tokenizer together with an injected model")
@@ -226,11 +227,12 @@ def base_record(cfg, model, injected: bool) -> dict:
     rounded to a lower precision; saved in ``<run>/base/``) or ``"injected"`` (a model handed in by the
     caller: the spec need not hold these weights; the fingerprint decides), and ``path``: where the
     weights are, relative to the run directory, when evolm knows (``base``; a pipeline stage points
-    at the stage before it)."""
+    at the stage before it). ``revision``: ``model.revision`` (None when unset)."""
     low = lower_precision(model)
     weights = BASE_DIR if low else ("injected" if injected else "spec")
-    return {"fingerprint": model_fingerprint(model), "spec": cfg.model.spec, "dtype": cfg.model.dtype,
-            "weights": weights, "path": BASE_DIR if weights == BASE_DIR else None, "rounded_to": low or None}
+    return {"fingerprint": model_fingerprint(model), "spec": cfg.model.spec, "revision": cfg.model.revision or None,
+            "dtype": cfg.model.dtype, "weights": weights, "path": BASE_DIR if weights == BASE_DIR else None,
+            "rounded_to": low or None}
 
 
 def open_run(cfg, kind: str, *, resume: RunDir | str | Path | None = None, run_dir: str | Path | None = None,
@@ -482,7 +484,8 @@ def replay_run(run_dir, step: int | None = None, out=None, *, device: str | None
     torch.set_num_threads(cfg.model.threads)
     say(f"[evolm] replaying {run.path}: {cfg.model.spec} + updates 1..{step} of the seed log -> {out}")
     model, tokenizer = models.load(cfg.model.spec, dtype=cfg.model.dtype, threads=cfg.model.threads,
-                                   device=device or cfg.model.device)
+                                   device=device or cfg.model.device, revision=cfg.model.revision,
+                                   trust_remote_code=cfg.model.trust_remote_code)
     params = es_engine.replay(model, [header] + [r for r in updates if int(r["step"]) <= step], cfg)
     final = es_engine.float32_model(model, params)
     save_model_dir(out, final, tokenizer, extra={"state.json": {"step": step, "method": es_engine.METHOD,

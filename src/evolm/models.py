@@ -25,6 +25,10 @@ Design decisions:
   ``from_pretrained`` cannot load (what to delete or check). No traceback reaches the user.
 - Hub loading first tries the local HF cache; only then probes the network with a short socket
   timeout, so an offline machine gets one clear error instead of a hang.
+- ``revision`` (a branch, tag or commit of a hub repository) and ``trust_remote_code`` (run the
+  model's own Python code from its repository) go to every ``from_pretrained`` call of the model and
+  tokenizer (``model.revision``, ``model.trust_remote_code``); a local directory ignores the revision
+  (transformers does), and a local model with custom code needs ``trust_remote_code`` as a hub one does.
 - float32 is the default dtype because ES steps (~1e-4) are smaller than bfloat16's spacing near
   typical weight magnitudes; ``bfloat16`` is selectable for generation-only work.
 """
@@ -233,6 +237,17 @@ def unreadable_as_user_error(spec: str, kind: str = "hf_dir") -> Iterator[None]:
                         "it)") from None
 
 
+def pretrained_kwargs(revision: str = "", trust_remote_code: bool = False) -> dict:
+    """The ``from_pretrained`` keyword arguments of ``model.revision`` and ``model.trust_remote_code``
+    (only those set: an unset revision leaves transformers' default, the repository's main branch)."""
+    out: dict = {}
+    if revision:
+        out["revision"] = revision
+    if trust_remote_code:
+        out["trust_remote_code"] = True
+    return out
+
+
 def quiet_transformers() -> None:
     """Silence transformers' per-file progress bars and advisory warnings (evolm shows its own progress)."""
     from transformers.utils import logging as hf_logging
@@ -241,10 +256,13 @@ def quiet_transformers() -> None:
     hf_logging.set_verbosity_error()
 
 
-def load(spec: str = DEFAULT_MODEL, dtype: str = "float32", threads: int | None = None, device: str = "cpu"):
+def load(spec: str = DEFAULT_MODEL, dtype: str = "float32", threads: int | None = None, device: str = "cpu",
+         revision: str = "", trust_remote_code: bool = False):
     """Load ``spec`` and return ``(model, tokenizer)``; the model is in eval mode on ``device``.
 
     The tokenizer pads on the left (decoder-only batched generation) and always has a pad token.
+    ``revision`` (hub: branch, tag or commit; "" is the repository's default) and ``trust_remote_code``
+    are passed to ``from_pretrained`` of both (``pretrained_kwargs``).
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -259,8 +277,9 @@ def load(spec: str = DEFAULT_MODEL, dtype: str = "float32", threads: int | None 
     location = resolved.location
     try:
         location = local_dir(spec) if resolved.kind == "gguf" else resolved.location
-        model = _from_pretrained(AutoModelForCausalLM, location, resolved.kind, spec, dtype=getattr(torch, dtype))
-        tokenizer = _from_pretrained(AutoTokenizer, location, resolved.kind, spec)
+        extra = pretrained_kwargs(revision, trust_remote_code)
+        model = _from_pretrained(AutoModelForCausalLM, location, resolved.kind, spec, dtype=getattr(torch, dtype), **extra)
+        tokenizer = _from_pretrained(AutoTokenizer, location, resolved.kind, spec, **extra)
     except UserError:
         raise
     except Exception as e:  # noqa: BLE001  (from_pretrained fails in many types; the user gets one line)

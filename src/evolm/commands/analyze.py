@@ -293,7 +293,10 @@ def _build_evaluator(args, base_spec: str, loaded: _Models):
         max_new = args.max_new_tokens or run_cfg.get("generation", {}).get("max_new_tokens") or 32
     if not examples:
         raise UserError(f"task '{task.name}' has no '{split}' examples")
-    model, tokenizer = models.load(base_spec, dtype="float32", threads=args.threads)
+    run_model = run_cfg.get("model", {})  # the run's revision belongs to its model.spec only
+    model, tokenizer = models.load(base_spec, dtype="float32", threads=args.threads,
+                                   revision=run_model.get("revision", "") if base_spec == run_model.get("spec") else "",
+                                   trust_remote_code=bool(run_model.get("trust_remote_code", False)))
     ks = args.pass_k or ([1] if args.n else [])
     evaluator = TaskEvaluator(model, tokenizer, task, examples, n=args.n, ks=ks, temperature=args.temperature,
                               max_new_tokens=int(max_new), batch_size=args.batch_size, seed=seed)
@@ -499,7 +502,8 @@ def _es_setup(args, split: str):
     task_obj = make_task(t.name, t.reward, t.system_prompt, **t.params)
     if not task_obj.examples(split, 1, cfg.run.seed):
         raise UserError(f"task '{t.name}' has no '{split}' examples")
-    model, tokenizer = models.load(spec, dtype=cfg.model.dtype, threads=cfg.model.threads, device=cfg.model.device)
+    model, tokenizer = models.load(spec, dtype=cfg.model.dtype, threads=cfg.model.threads, device=cfg.model.device,
+                                   revision=cfg.model.revision, trust_remote_code=cfg.model.trust_remote_code)
     generator = make_generator(cfg.generation.backend, model, tokenizer, cfg.generation.batch_size,
                                cfg.generation.prefix_cache, **engine_options(cfg))
     params = build_paramset(model, cfg, generator=generator)  # a vLLM generator perturbs its own weights

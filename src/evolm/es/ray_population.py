@@ -166,7 +166,9 @@ class Replica:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         torch.set_num_threads(recipe.threads)
         cfg = recipe.cfg
-        model, tokenizer = models.load(recipe.spec, dtype=cfg.model.dtype, threads=recipe.threads, device=cfg.model.device)
+        model, tokenizer = models.load(recipe.spec, dtype=cfg.model.dtype, threads=recipe.threads, device=cfg.model.device,
+                                       revision=cfg.model.revision if recipe.spec == cfg.model.spec else "",
+                                       trust_remote_code=cfg.model.trust_remote_code)
         if recipe.checkpoint:
             load_weights(model, Path(recipe.checkpoint))
         params = build_paramset(model, cfg, recipe.header)
