@@ -14,13 +14,14 @@ import evolm
 ROOT = Path(evolm.__file__).parent
 
 LAYERS = [
-    ("bottom", {"__init__", "errors", "seeding", "categories", "metrics", "rewards", "reference_rewards", "sandbox",
-                "resources", "markdown", "console"}),
+    ("bottom", {"errors", "seeding", "categories", "metrics", "rewards", "reference_rewards", "sandbox",
+                "resources", "markdown", "console", "plugins"}),
     ("core", {"config", "models", "embedded", "state", "runs", "tasks", "backends", "plots", "trackers"}),
     ("measure", {"evaluate", "heldout"}),
     ("engines", {"es", "grpo"}),
     ("jobs", {"jobs", "pipeline", "registry", "sweep"}),
-    ("results", {"document", "analysis", "report"}),
+    ("results", {"document", "analysis", "report", "export"}),
+    ("api", {"__init__", "trainer"}),
     ("commands", {"commands", "__main__"}),
 ]
 

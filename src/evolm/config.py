@@ -3,7 +3,7 @@
 Design decisions:
 
 - One dataclass per concern (``RunConfig``, ``ModelConfig``, ``TaskConfig``, ``GenerationConfig``,
-  ``ESConfig``, ``EvalConfig``, ``DistributedConfig``); a job's config (``ESJob``) nests them as TOML
+  ``ESSection``, ``EvalConfig``, ``DistributedConfig``); a job's config (``ESJob``) nests them as TOML
   tables ``[run] [model] [task] [generation] [es] [eval] [probe] [distributed]``. Other jobs (GRPO,
   pipelines) reuse the same sections and add their own.
 - ``load(cls, path, overrides)`` builds the dataclass from TOML, applies ``--set key=value``
@@ -36,8 +36,8 @@ import tomli_w
 
 from evolm.categories import CATEGORIES
 from evolm.errors import ConfigError
-from evolm.rewards import EXACT, resolve_reward
-from evolm.tasks import TASKS
+from evolm.rewards import EXACT, RewardFunctions, is_convention, resolve_reward
+from evolm.tasks import TASKS, find_task
 
 
 # --------------------------------------------------------------------------------------------------
@@ -136,22 +136,44 @@ class ModelConfig:
 @dataclass
 class TaskConfig:
     name: str = "arithmetic"
-    """Training task: arithmetic or countdown (procedural), or any task in ``evolm.tasks.TASKS``."""
-    reward: str = "format_answer"
-    """Reward convention (docs/rewards.md): format_answer = 0.1 x format + 1.0 x answer and tiered = 1.0 correct / 0.1 format only / 0, both with evolm's lenient answer checkers (any task); qiu_exact and tinyzero_exact = Qiu et al.'s and TinyZero's countdown reward code reproduced exactly (countdown only). The old names qiu and tinyzero load as format_answer and tiered."""
+    """Training task: a built-in task (arithmetic, countdown, gsm8k, ..., or dataset: rows from any file or hub dataset, docs/custom-tasks.md), an entry point of group evolm.tasks from an installed package, or package.module:Class / path/to/file.py:Class (a subclass of evolm.tasks.Task)."""
+    reward: str | list[str] = "format_answer"
+    """Reward (docs/rewards.md): a convention, format_answer = 0.1 x format + 1.0 x answer or tiered = 1.0 correct / 0.1 format only / 0, both with the task's answer checker (any task); qiu_exact and tinyzero_exact = Qiu et al.'s and TinyZero's countdown reward code reproduced exactly (countdown only); or one or more reward functions in TRL's convention fn(prompts, completions, **columns) -> list[float | None], each an entry point of group evolm.rewards, package.module:function or path/to/file.py:function (docs/custom-tasks.md). The old names qiu and tinyzero load as format_answer and tiered."""
+    reward_weights: list[float] = field(default_factory=list)
+    """Weights of the reward functions in task.reward, one per function (empty: all 1); the reward is their weighted sum."""
+    correct: str = ""
+    """Correctness function for pass@k, greedy accuracy and every held-out count: same signature as a reward function, returning booleans (entry point, module:function or file.py:function). "": the task's own checker, or reward >= correct_threshold for task.name = "dataset" with reward functions and no checker param."""
+    correct_threshold: float = 1.0
+    """With reward functions and no checker: a completion counts as correct when its reward is at least this."""
     params: dict[str, Any] = field(default_factory=dict)
-    """Task knobs, e.g. {digits = 2, operators = "+", terms = 2} for arithmetic, {numbers = [3, 4]} for countdown, or {path = "countdown.json"} for countdown on Qiu et al.'s or TinyZero's data files."""
+    """Task knobs, e.g. {digits = 2, operators = "+", terms = 2} for arithmetic, {numbers = [3, 4]} for countdown, {path = "countdown.json"} for countdown on Qiu et al.'s or TinyZero's data files, or {path = "rows.jsonl", prompt = "question", answer = "answer"} for dataset."""
     system_prompt: str | None = None
     """System message for chat models; None uses the task's own short instruction, "" drops it (the template's default may then appear)."""
 
     def validate(self, p: str) -> None:
-        require(self.name in TASKS, f"{p}.name must be one of {sorted(TASKS)} (got '{self.name}')")
-        self.reward = resolve_reward(self.reward, f"{p}.reward")
-        if self.reward in EXACT:
-            owners = sorted(n for n, cls in TASKS.items() if self.reward in cls.exact_conventions)
-            require(self.reward in TASKS[self.name].exact_conventions,
-                    f"{p}.reward = '{self.reward}' reproduces {EXACT[self.reward]} and exists only for "
-                    f"{', '.join(owners)}, not '{self.name}'; use format_answer or tiered")
+        from evolm.tasks import find_task
+
+        cls = find_task(self.name)
+        refs = [self.reward] if isinstance(self.reward, str) else list(self.reward)
+        require(bool(refs), f"{p}.reward must name a convention or at least one reward function")
+        if len(refs) == 1 and is_convention(refs[0]):
+            self.reward = resolve_reward(refs[0], f"{p}.reward")
+            require(not self.reward_weights, f"{p}.reward_weights weigh reward functions; {p}.reward is the convention "
+                                             f"'{self.reward}' (give functions, or drop the weights)")
+            if self.reward in EXACT:
+                owners = sorted(n for n, c in TASKS.items() if self.reward in c.exact_conventions)
+                require(self.reward in cls.exact_conventions,
+                        f"{p}.reward = '{self.reward}' reproduces {EXACT[self.reward]} and exists only for "
+                        f"{', '.join(owners)}, not '{self.name}'; use format_answer or tiered")
+        else:
+            require(not any(is_convention(r) for r in refs),
+                    f"{p}.reward mixes a convention with reward functions ({refs}); list functions only")
+            require(not self.reward_weights or len(self.reward_weights) == len(refs),
+                    f"{p}.reward_weights has {len(self.reward_weights)} weights for {len(refs)} reward functions; "
+                    "give one per function (or none: all 1)")
+            RewardFunctions(refs, self.reward_weights, self.correct, self.correct_threshold)  # imports them: fails here
+        if self.correct:
+            RewardFunctions([], (), self.correct)
 
 
 @dataclass
@@ -188,7 +210,7 @@ class GenerationConfig:
 
 
 @dataclass
-class ESConfig:
+class ESSection:
     iterations: int = 20
     """Number of ES updates."""
     population: int = 8
@@ -270,7 +292,7 @@ class EvalConfig:
         require(0 <= self.temperature <= MAX_TEMPERATURE,
                 f"{p}.temperature must be in [0, {MAX_TEMPERATURE:g}] (got {self.temperature})")
         if self.task:
-            require(self.task in TASKS, f"{p}.task must be one of {sorted(TASKS)} (got '{self.task}')")
+            find_task(self.task)
 
 
 def _validate_heldout(section, p: str) -> None:
@@ -355,7 +377,7 @@ class ProbeConfig:
         require(0 < self.temperature <= MAX_TEMPERATURE,
                 f"{p}.temperature must be > 0 and <= {MAX_TEMPERATURE:g} (entropy and pass@k need sampling; got {self.temperature})")
         if self.task and self.every:
-            require(self.task in TASKS, f"{p}.task must be one of {sorted(TASKS)} (got '{self.task}')")
+            find_task(self.task)
 
 
 @dataclass
@@ -366,7 +388,7 @@ class ESJob:
     model: ModelConfig = field(default_factory=ModelConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
     generation: GenerationConfig = field(default_factory=GenerationConfig)
-    es: ESConfig = field(default_factory=ESConfig)
+    es: ESSection = field(default_factory=ESSection)
     eval: EvalConfig = field(default_factory=EvalConfig)
     probe: ProbeConfig = field(default_factory=ProbeConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)

@@ -303,8 +303,10 @@ def evaluate_task(generator: Generator, task, tokenizer, examples: Sequence, sam
     problems = []
     chance_of = getattr(task, "chance_accuracy", None)
     canonical = getattr(task, "canonical_answer", None) or canonical_text
+    judged = _judge_all(task, examples, samples, prompts)
+    greedy_judged = _judge_all(task, examples, greedy_out, prompts) if greedy_out is not None else None
     for i, (ex, comps) in enumerate(zip(examples, samples)):
-        verdicts = [task.check(c.text, ex) for c in comps]
+        verdicts = judged[i]
         result = ProblemResult(id=str(ex.id), answers=[v.answer for v in verdicts], correct=[bool(v.correct) for v in verdicts],
                                format_ok=[bool(v.format_ok) for v in verdicts], entropy=[c.entropy for c in comps],
                                num_tokens=[c.num_tokens for c in comps], finished=[c.finished for c in comps],
@@ -312,7 +314,7 @@ def evaluate_task(generator: Generator, task, tokenizer, examples: Sequence, sam
         if chance_of is not None:
             result.chance = float(chance_of(ex))
         if greedy_out is not None:
-            gv = task.check(greedy_out[i][0].text, ex)
+            gv = greedy_judged[i][0]
             result.greedy_answer, result.greedy_correct = gv.answer, bool(gv.correct)
         problems.append(result)
     sampling_info = {k: v for k, v in asdict(sampling).items() if k != "return_entropy"}
@@ -323,6 +325,16 @@ def evaluate_task(generator: Generator, task, tokenizer, examples: Sequence, sam
 
 
 # -- whole-model evaluation (the CLI) ----------------------------------------------------------------
+
+
+def _judge_all(task, examples, outputs, prompts) -> list[list]:
+    """The verdicts of every completion, per example (``task.judge``: one batched call of a correctness function)."""
+    rows = [(ex, c.text, p) for ex, comps, p in zip(examples, outputs, prompts) for c in comps]
+    judge = getattr(task, "judge", None)
+    flat = (judge([r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]) if judge is not None
+            else [task.check(r[1], r[0]) for r in rows])
+    it = iter(flat)
+    return [[next(it) for _ in comps] for comps in outputs]
 
 
 def default_max_new_tokens(task) -> int:

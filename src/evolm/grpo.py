@@ -306,26 +306,26 @@ class RolloutMeter:
 
 
 def make_reward_fn(task, examples: list, tokenizer, meter: RolloutMeter | None = None) -> Callable:
-    """A TRL reward function returning ``task.reward(text, example)`` for every completion.
+    """A TRL reward function returning ``task.score``: the task's reward for every completion, in one
+    batched call of the user's reward functions when the task has them (the same call ES makes).
 
     The text is ``tokenizer.decode(completion_ids, skip_special_tokens=True)``: the decoding the ES
-    generation backend uses, so both methods score the same strings.
+    generation backend uses, so both methods score the same strings; the prompts a reward function
+    receives are the rendered prompt texts, as in ES.
     """
 
     def reward(prompts, completions, completion_ids, example_index, **_):
-        out = []
-        for ids, i in zip(completion_ids, example_index, strict=True):
-            ex = examples[int(i)]
-            text = tokenizer.decode(ids, skip_special_tokens=True)
-            r = float(task.reward(text, ex))
-            out.append(r)
-            if meter is not None:
-                meter.rewards.append(r)
-                meter.correct.append(bool(task.is_correct(text, ex)))
-                meter.tokens.append(len(ids))
+        exs = [examples[int(i)] for i in example_index]
+        texts = [tokenizer.decode(ids, skip_special_tokens=True) for ids in completion_ids]
+        rendered = [task.render_prompt(ex, tokenizer) for ex in exs]
+        out = [float(r) for r in task.score(exs, texts, rendered)]
+        if meter is not None:
+            meter.rewards += out
+            meter.correct += [bool(v.correct) for v in task.judge(exs, texts, rendered)]
+            meter.tokens += [len(ids) for ids in completion_ids]
         return out
 
-    reward.__name__ = f"{task.name}_{task.reward_name}"
+    reward.__name__ = f"{task.name}_{task.reward_name}".replace(":", "_").replace("/", "_").replace(".", "_")
     return reward
 
 

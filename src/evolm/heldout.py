@@ -42,7 +42,8 @@ from evolm.errors import UserError
 from evolm.evaluate import evaluate_task
 from evolm.runs import RunDir
 from evolm.seeding import seed31
-from evolm.tasks import heldout_reward, make_task
+from evolm.plugins import check_recorded
+from evolm.tasks import heldout_reward, make_task, task_from_config
 
 
 @contextlib.contextmanager
@@ -96,7 +97,7 @@ def heldout_task(cfg, train_task=None):
     training task (``train_task``, built from ``[task]`` when not given)."""
     if train_task is None:
         t = cfg.task
-        train_task = make_task(t.name, t.reward, t.system_prompt, **t.params)
+        train_task = task_from_config(t)
     return _task_for(cfg.eval.task, cfg.eval.params, train_task, cfg.task.reward)
 
 
@@ -152,6 +153,7 @@ def evaluate_like(run_path, model_spec: str | None = None, *, dtype: str | None 
     then differs from ``eval_after.json`` by design (more samples per problem, other sampling draws).
     """
     run = RunDir.open(run_path)
+    check_recorded(run.info().get("plugins"), str(run.path))  # its task and rewards import here, or one line naming them
     cfg = like_config(run.config())
     if n_samples is not None:
         cfg.eval.n_samples = n_samples

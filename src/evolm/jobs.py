@@ -66,11 +66,12 @@ from evolm.es import engine as es_engine
 from evolm.es import ray_population
 from evolm.heldout import check_measurements, heldout_eval, make_probe, probe_record
 from evolm.plots import plot_training
+from evolm.plugins import check_recorded
 from evolm.runs import (RunDir, TrainResult, atomic_write_text, budget_reached, peak_rss_mb, save_model_dir, this_process,
                         writer_alive)
 from evolm.state import lower_precision, model_fingerprint
-from evolm.tasks import make_task
-from evolm.tasks.base import Task
+from evolm.tasks import task_from_config
+from evolm.tasks.base import Task, check_rewards
 
 
 @dataclass
@@ -113,7 +114,7 @@ def build_components(cfg, *, model=None, tokenizer=None, task: Task | None = Non
     """The task (first: it checks its data), the model and tokenizer, and the generation backend."""
     torch.set_num_threads(cfg.model.threads)
     if task is None:
-        task = make_task(cfg.task.name, cfg.task.reward, cfg.task.system_prompt, **cfg.task.params)
+        task = task_from_config(cfg.task)
     if model is None:
         model, loaded = models.load(cfg.model.spec, dtype=cfg.model.dtype, threads=cfg.model.threads, device=cfg.model.device,
                                     revision=cfg.model.revision, trust_remote_code=cfg.model.trust_remote_code)
@@ -287,6 +288,14 @@ def open_run(cfg, kind: str, *, resume: RunDir | str | Path | None = None, run_d
     return run, Start()
 
 
+def record_plugins(run: RunDir, task: Task) -> None:
+    """Write where the run's task and reward functions come from into ``run.json`` (``plugins``), so a later
+    verb that cannot import them names the package or file it needs (``plugins.check_recorded``)."""
+    found = task.plugins()
+    if found:
+        run.update_info(plugins=found)
+
+
 @contextlib.contextmanager
 def marking_failures(run: RunDir) -> Iterator[None]:
     """Record in ``run.json`` how a run stopped when its body raises (and re-raise)."""
@@ -392,6 +401,7 @@ def run_es(cfg, resume=None, *, model=None, tokenizer=None, task: Task | None = 
             return open_run(cfg, es_engine.METHOD, resume=resume, rules=ES_RESUME, say=say)[0]
     comps = build_components(cfg, model=model, tokenizer=tokenizer, task=task, generator=generator)
     es_engine.check_training_data(cfg, comps.task)
+    check_rewards(comps.task, comps.tokenizer)
     check_measurements(cfg, comps.task, probe_given=probe is not None)
     header = es_engine.seed_log_header(resume.seed_log()) if resume is not None else None
     # refuses a selection that matches nothing, or a config that is not the resumed run's, before any file changes
@@ -399,6 +409,7 @@ def run_es(cfg, resume=None, *, model=None, tokenizer=None, task: Task | None = 
     params = es_engine.build_paramset(comps.model, cfg, header, comps.generator)
     run, start = open_run(cfg, es_engine.METHOD, resume=resume, run_dir=run_dir, rules=ES_RESUME, say=say,
                           model=comps.model, injected=model is not None)
+    record_plugins(run, comps.task)
     say(f"[evolm] run directory: {run.path}")
     with marking_failures(run), tracking(cfg, run, es_engine.METHOD, start):
         probe = start_measurements(cfg, comps, run, start, es_engine.METHOD, probe=probe, eval_before=eval_before, say=say)
@@ -442,10 +453,12 @@ def run_grpo(cfg, resume=None, *, model=None, tokenizer=None, task: Task | None 
     if init_state_dict is not None:
         comps.model.load_state_dict(init_state_dict)
     examples = grpo.training_examples(cfg, comps.task)
+    check_rewards(comps.task, comps.tokenizer)
     check_measurements(cfg, comps.task, probe_given=probe is not None)
     run, start = open_run(cfg, grpo.METHOD, resume=resume, run_dir=run_dir, rules=GRPO_RESUME, say=say, model=comps.model,
                           injected=model is not None or init_state_dict is not None)
     grpo.check_resumable(start)
+    record_plugins(run, comps.task)
     say(f"[evolm] run directory: {run.path}")
     with marking_failures(run), tracking(cfg, run, grpo.METHOD, start):
         probe = start_measurements(cfg, comps, run, start, grpo.METHOD, probe=probe, eval_before=eval_before, say=say)
@@ -470,6 +483,7 @@ def replay_run(run_dir, step: int | None = None, out=None, *, device: str | None
     if int(info.get("stage") or 0) > 0:
         raise UserError(f"{run.path} is stage {info['stage']} of the pipeline {info.get('pipeline')}: it started from the "
                         "previous stage's weights, not from model.spec; rebuild those first (or use its final/)")
+    check_recorded(info.get("plugins"), str(run.path))  # its task and rewards import here, or one line naming them
     cfg = config_mod.load(config_mod.ESJob, run.config_path)
     log = run.seed_log()
     header = es_engine.seed_log_header(log)

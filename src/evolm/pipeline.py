@@ -66,7 +66,7 @@ from typing import Any, Callable, Literal, Mapping, Sequence
 
 from evolm import config as config_mod
 from evolm import jobs, models
-from evolm.config import (ESConfig, ESJob, EvalConfig, GenerationConfig, ModelConfig, ProbeConfig, RunConfig, TaskConfig,
+from evolm.config import (ESSection, ESJob, EvalConfig, GenerationConfig, ModelConfig, ProbeConfig, RunConfig, TaskConfig,
                           require)
 from evolm.console import say_for
 from evolm.errors import ConfigError, UserError
@@ -117,7 +117,7 @@ class PipelineJob:
     model: ModelConfig = field(default_factory=ModelConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
     generation: GenerationConfig = field(default_factory=GenerationConfig)
-    es: ESConfig = field(default_factory=ESConfig)
+    es: ESSection = field(default_factory=ESSection)
     grpo: GRPOSection = field(default_factory=GRPOSection)
     eval: EvalConfig = field(default_factory=EvalConfig)
     probe: ProbeConfig = field(default_factory=ProbeConfig)

@@ -25,11 +25,12 @@ note on stderr.
 
 from __future__ import annotations
 
+import difflib
 import sys
 from dataclasses import dataclass
 from typing import Callable
 
-from evolm.errors import ConfigError
+from evolm.errors import ConfigError, UserError
 
 
 @dataclass(frozen=True)
@@ -87,3 +88,134 @@ def resolve_reward(name: str, field: str = "task.reward") -> str:
     if name not in CONVENTIONS:
         raise ConfigError(f"{field} must be one of {list(CONVENTIONS)} (got '{name}')")
     return name
+
+
+# -- the user's reward functions --------------------------------------------------------------------
+
+class RewardError(UserError):
+    """A reward or correctness function broke its contract (raised, wrong length, not a number, NaN)."""
+
+
+def is_convention(name: str) -> bool:
+    """Whether ``name`` is a built-in convention (current or deprecated name), not a reward function."""
+    return name in CONVENTIONS or name in DEPRECATED
+
+
+def _values(fn_name: str, out, n: int, kind: str) -> list:
+    """``out`` checked: a sequence of ``n`` values of ``kind`` (float: finite numbers or None; bool: booleans)."""
+    if hasattr(out, "tolist") and not isinstance(out, (list, tuple)):  # numpy arrays, torch tensors
+        out = out.tolist()
+    if not isinstance(out, (list, tuple)):
+        raise RewardError(f"{fn_name} returned {type(out).__name__}, not a list; return one {kind} per completion "
+                          "(TRL's reward_funcs convention)")
+    if len(out) != n:
+        raise RewardError(f"{fn_name} returned {len(out)} values for {n} completions; return one per completion")
+    values = []
+    for i, v in enumerate(out):
+        if hasattr(v, "item") and not isinstance(v, (bool, int, float)):
+            v = v.item()
+        if kind == "bool":
+            if not isinstance(v, (bool, int)) or v not in (0, 1):
+                raise RewardError(f"{fn_name} returned {v!r} at position {i}; a correctness function returns booleans")
+            values.append(bool(v))
+            continue
+        if v is None:
+            values.append(None)
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise RewardError(f"{fn_name} returned {v!r} at position {i}; return a number (or None where it does not apply)")
+        if v != v or v in (float("inf"), float("-inf")):
+            raise RewardError(f"{fn_name} returned {v} at position {i}; rewards must be finite (None where it does not apply)")
+        values.append(float(v))
+    return values
+
+
+class RewardFunctions:
+    """Reward functions in TRL's convention, weighted and summed: the fitness of ES, the reward of GRPO.
+
+    Each function is called as ``fn(prompts=[...], completions=[...], **columns) -> list[float | None]``
+    with one entry per completion: ``prompts`` the rendered prompt texts, ``completions`` the decoded
+    completion texts, and every column of the data by name (``answer``, and the example's own fields).
+    That is the signature of TRL's ``reward_funcs`` with a standard (text) dataset, so one function
+    serves both libraries. The total is ``sum_i w_i r_i`` over the functions that gave a number (TRL's
+    nansum: ``None`` means "does not apply"; a completion no function scored gets 0).
+
+    ``correct`` (same signature, booleans) is the judgement pass@k counts; without it a task uses its
+    own checker when it has one, else ``reward >= threshold``.
+
+    Pickles as its references (Ray actors, sweeps): the functions are imported again where it is
+    unpickled (``evolm.plugins``).
+    """
+
+    def __init__(self, refs, weights=(), correct: str = "", threshold: float = 1.0):
+        from evolm.plugins import REWARD_GROUP, entry_points, is_reference, resolve
+
+        self.refs = tuple(str(r) for r in refs)
+        if not self.refs and not correct:
+            raise ConfigError("task.reward names no reward function")
+        self.weights = tuple(float(w) for w in weights) if weights else (1.0,) * len(self.refs)
+        if len(self.weights) != len(self.refs):
+            raise ConfigError(f"task.reward_weights has {len(self.weights)} weights for {len(self.refs)} reward functions; "
+                              "give one per function (or none: all 1)")
+        self.correct_ref = str(correct or "")
+        self.threshold = float(threshold)
+        for r in self.refs + ((self.correct_ref,) if self.correct_ref else ()):
+            if not is_reference(r) and r not in entry_points(REWARD_GROUP):
+                close = difflib.get_close_matches(r, CONVENTIONS, n=1)
+                raise ConfigError(f"task.reward must be one of {list(CONVENTIONS)} or reward functions (an entry point of "
+                                  f"group {REWARD_GROUP}, package.module:function or path/to/file.py:function) (got '{r}')"
+                                  + (f"; did you mean '{close[0]}'?" if close else ""))
+        self.functions = [self._callable(resolve(r, REWARD_GROUP, "reward function"), r) for r in self.refs]
+        self.correct_fn = self._callable(resolve(self.correct_ref, REWARD_GROUP, "correctness function"),
+                                         self.correct_ref) if self.correct_ref else None
+
+    @staticmethod
+    def _callable(obj, ref: str):
+        if not callable(obj):
+            raise ConfigError(f"'{ref}' is a {type(obj).__name__}, not a function fn(prompts, completions, **columns)")
+        return obj
+
+    @property
+    def name(self) -> str:
+        """The run's name for its reward: the reference, or the references joined by ``+``."""
+        return "+".join(self.refs)
+
+    def __getstate__(self):
+        return {"refs": self.refs, "weights": self.weights, "correct": self.correct_ref, "threshold": self.threshold}
+
+    def __setstate__(self, state):
+        self.__init__(state["refs"], state["weights"], state["correct"], state["threshold"])
+
+    def _call(self, fn, ref: str, prompts: list[str], completions: list[str], columns: dict[str, list], kind: str) -> list:
+        try:
+            out = fn(prompts=list(prompts), completions=list(completions), **columns)
+        except RewardError:
+            raise
+        except Exception as e:  # noqa: BLE001  (the user's code may raise anything)
+            text = (str(e).strip().splitlines() or [""])[0]
+            raise RewardError(f"reward function '{ref}' raised {type(e).__name__}: {text}") from e
+        return _values(f"reward function '{ref}'", out, len(completions), kind)
+
+    def rewards(self, prompts: list[str], completions: list[str], columns: dict[str, list]) -> list[float]:
+        """The weighted total per completion."""
+        per_fn = [self._call(fn, ref, prompts, completions, columns, "float") for fn, ref in zip(self.functions, self.refs)]
+        totals = []
+        for i in range(len(completions)):
+            got = [(w, values[i]) for w, values in zip(self.weights, per_fn) if values[i] is not None]
+            totals.append(float(sum(w * v for w, v in got)) if got else 0.0)
+        return totals
+
+    def correct(self, prompts: list[str], completions: list[str], columns: dict[str, list]) -> list[bool] | None:
+        """The correctness function's judgements, or None when there is none."""
+        if self.correct_fn is None:
+            return None
+        return self._call(self.correct_fn, self.correct_ref, prompts, completions, columns, "bool")
+
+    def provenance(self) -> dict:
+        """Where each function came from (``plugins.provenance``), for ``run.json``."""
+        from evolm.plugins import provenance
+
+        out = {"rewards": [provenance(fn, ref) for fn, ref in zip(self.functions, self.refs)], "weights": list(self.weights)}
+        if self.correct_fn is not None:
+            out["correct"] = provenance(self.correct_fn, self.correct_ref)
+        return out

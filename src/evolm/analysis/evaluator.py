@@ -57,14 +57,16 @@ class TaskEvaluator:
         load_into_model(self.model, state)
         self.calls += 1
         greedy = self.generator.generate(self.prompts, SamplingParams(n=1, temperature=0.0, max_new_tokens=self.max_new_tokens))
-        correct = [self.task.is_correct(c[0].text, e) for c, e in zip(greedy, self.examples)]
+        correct = [v.correct for v in self.task.judge(self.examples, [c[0].text for c in greedy], self.prompts)]
         metrics = {"greedy_pass@1": sum(correct) / len(correct) if correct else 0.0, "num_examples": len(correct)}
         problems = [{"id": str(e.id), "greedy_correct": bool(ok)} for e, ok in zip(self.examples, correct)]
         if self.n > 0:
             params = SamplingParams(n=self.n, temperature=self.temperature, top_p=self.top_p,
                                     max_new_tokens=self.max_new_tokens, seed=self.seed)
             sampled = self.generator.generate(self.prompts, params)
-            counts = [sum(self.task.is_correct(c.text, e) for c in comps) for comps, e in zip(sampled, self.examples)]
+            flat = [(e, c.text, p) for comps, e, p in zip(sampled, self.examples, self.prompts) for c in comps]
+            verdicts = iter(self.task.judge([f[0] for f in flat], [f[1] for f in flat], [f[2] for f in flat]))
+            counts = [sum(bool(next(verdicts).correct) for _ in comps) for comps in sampled]
             for k in self.ks:
                 metrics[f"pass@{k}"] = sum(pass_at_k(self.n, c, k) for c in counts) / len(counts)
             metrics["samples_per_example"] = self.n

@@ -57,7 +57,7 @@ from evolm.errors import UserError
 from evolm.runs import atomic_write_json, read_jsonl
 from evolm.seeding import seed31
 from evolm.state import state_fingerprint
-from evolm.tasks import make_task
+from evolm.tasks import make_task, task_from_config
 
 KINDS = ("drift", "sparsity", "localisation", "compression", "diversity", "update_variance")
 
@@ -287,7 +287,9 @@ def _build_evaluator(args, base_spec: str, loaded: _Models):
         max_new = args.max_new_tokens or held.eval.max_new_tokens or held.generation.max_new_tokens
     else:
         task = make_task(task_cfg["name"], reward=task_cfg.get("reward", "format_answer"),
-                         system_prompt=task_cfg.get("system_prompt"), **params)
+                         system_prompt=task_cfg.get("system_prompt"), reward_weights=task_cfg.get("reward_weights", ()),
+                         correct=task_cfg.get("correct", ""), correct_threshold=task_cfg.get("correct_threshold", 1.0),
+                         **params)
         split, seed = args.split or "test", 0 if args.seed is None else args.seed
         examples = task.examples(split, 64 if args.limit is None else args.limit, seed)
         max_new = args.max_new_tokens or run_cfg.get("generation", {}).get("max_new_tokens") or 32
@@ -499,7 +501,7 @@ def _es_setup(args, split: str):
         data["model"]["dtype"] = args.dtype
     cfg = config.from_dict(config.ESJob, data)
     t = cfg.task
-    task_obj = make_task(t.name, t.reward, t.system_prompt, **t.params)
+    task_obj = task_from_config(t)
     if not task_obj.examples(split, 1, cfg.run.seed):
         raise UserError(f"task '{t.name}' has no '{split}' examples")
     model, tokenizer = models.load(spec, dtype=cfg.model.dtype, threads=cfg.model.threads, device=cfg.model.device,

@@ -258,7 +258,7 @@ def _iteration(cfg, run: RunDir, population, task, tokenizer, generator, layout,
             (bar.write if bar is not None else print)(f"[evolm] update {step}: {update.message}")
     if es.eval_center_every and step % es.eval_center_every == 0:
         t0 = time.perf_counter()
-        extra["center_reward"], _ = score_completions(task, examples, generator.generate(prompts, sampling))
+        extra["center_reward"], _ = score_completions(task, examples, generator.generate(prompts, sampling), prompts)
         extra["seconds_center"] = time.perf_counter() - t0
     seconds = time.perf_counter() - t_start
     totals["seconds_total"] += seconds

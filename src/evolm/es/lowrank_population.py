@@ -56,7 +56,7 @@ class LowRankPopulation(LocalPopulation):
             out.seconds["generate"] += t2 - t1
             out.seconds["restore"] += t3 - t2
             for j, completions in enumerate(results):
-                out.add(start + j, self.task, examples, completions)
+                out.add(start + j, self.task, examples, completions, prompts)
                 if on_member:
                     on_member()
         return out

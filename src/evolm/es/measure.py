@@ -40,12 +40,18 @@ from evolm.es.update import compute_update, member_layout
 from evolm.models import fingerprint
 
 
+def _flat(examples, completions) -> tuple[list, list[str]]:
+    rows = [(ex, c.text) for ex, outs in zip(examples, completions) for c in outs]
+    return [r[0] for r in rows], [r[1] for r in rows]
+
+
 def _correct(task, examples, completions) -> list[list[int]]:
-    return [[int(bool(task.is_correct(c.text, ex))) for c in outs] for ex, outs in zip(examples, completions)]
+    verdicts = iter(task.judge(*_flat(examples, completions)))
+    return [[int(bool(next(verdicts).correct)) for _ in outs] for outs in completions]
 
 
 def _rewards(task, examples, completions) -> float:
-    values = [float(task.reward(c.text, ex)) for ex, outs in zip(examples, completions) for c in outs]
+    values = task.score(*_flat(examples, completions))
     return float(np.mean(values)) if values else float("nan")
 
 

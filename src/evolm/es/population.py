@@ -50,9 +50,9 @@ class MemberScores:
     extra: dict = field(default_factory=dict)
     """Population-specific counters logged with the update (a Ray population: actors, restarts)."""
 
-    def add(self, member: int, task: Task, examples: list[Example], completions) -> None:
+    def add(self, member: int, task: Task, examples: list[Example], completions, prompts: list[str] | None = None) -> None:
         """Record member ``member``'s fitness (``score_completions``), its reward error if any, and what it generated."""
-        fitness, error = score_completions(task, examples, completions)
+        fitness, error = score_completions(task, examples, completions, prompts)
         self.fitness.append(fitness)
         if error:
             self.errors[member] = error
@@ -60,12 +60,14 @@ class MemberScores:
         self.gen_tokens += sum(x.num_tokens for c in completions for x in c)
 
 
-def score_completions(task: Task, examples: list[Example], completions) -> tuple[float, str | None]:
-    """Mean reward over all completions of all examples; a reward that raises gives NaN and its message."""
-    rewards = []
+def score_completions(task: Task, examples: list[Example], completions, prompts: list[str] | None = None
+                      ) -> tuple[float, str | None]:
+    """Mean reward over all completions of all examples (``task.score``: one batched call of the reward
+    functions, if any); a reward that raises gives NaN and its message."""
+    rows = [(ex, c.text, None if prompts is None else prompts[i]) for i, (ex, outs) in enumerate(zip(examples, completions))
+            for c in outs]
     try:
-        for example, outs in zip(examples, completions):
-            rewards += [float(task.reward(c.text, example)) for c in outs]
+        rewards = task.score([r[0] for r in rows], [r[1] for r in rows], None if prompts is None else [r[2] for r in rows])
     except Exception as e:  # a broken reward must not take the run down or reach the weights
         return float("nan"), f"{type(e).__name__}: {e}"
     return (float(np.mean(rewards)) if rewards else float("nan")), None
@@ -92,7 +94,7 @@ class LocalPopulation:
             self.params.restore()
             self.generator.sync_weights()
             t3 = time.perf_counter()
-            out.add(m, self.task, examples, completions)
+            out.add(m, self.task, examples, completions, prompts)
             out.seconds["perturb"] += t1 - t0
             out.seconds["generate"] += t2 - t1
             out.seconds["restore"] += t3 - t2

@@ -26,13 +26,15 @@ Design decisions:
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
 from evolm.errors import ConfigError
-from evolm.rewards import EXACT, REWARDS, Verdict, resolve_reward
+from evolm.plugins import provenance
+from evolm.rewards import EXACT, REWARDS, RewardFunctions, Verdict, is_convention, resolve_reward
 from evolm.tasks.canonical import canonical_text
 
 
@@ -57,7 +59,29 @@ class Task(ABC):
     exact_conventions: tuple[str, ...] = ()
     """Reference reward conventions (``rewards.EXACT``) this task reproduces; others are refused."""
 
-    def __init__(self, reward: str = "format_answer", system_prompt: str | None = None, **params: Any):
+    reference: str | None = None
+    """The name a user's task was found by (entry point or ``module:Class``), set by ``make_task``; None for built-ins."""
+
+    own_checker: bool = True
+    """Whether ``check`` is a real judgement of correctness. With reward functions and no correctness
+    function, a task without one (``dataset`` without ``checker``) counts ``reward >= threshold``."""
+
+    def __init__(self, reward: str | list[str] | tuple[str, ...] = "format_answer", system_prompt: str | None = None, *,
+                 reward_weights=(), correct: str = "", correct_threshold: float = 1.0, **params: Any):
+        refs = [reward] if isinstance(reward, str) else list(reward)
+        self.user_rewards: RewardFunctions | None = None
+        if len(refs) == 1 and is_convention(refs[0]):
+            reward = refs[0]
+        else:
+            bad = [r for r in refs if is_convention(r)]
+            if bad:
+                raise ConfigError(f"task.reward mixes the convention '{bad[0]}' with reward functions; list functions only")
+            reward = "format_answer"  # the task's own checker stays its format and answer reader
+        if refs != [reward] or correct:
+            self.user_rewards = RewardFunctions([r for r in refs if not is_convention(r)], reward_weights, correct,
+                                                correct_threshold)
+        elif reward_weights:
+            raise ConfigError("task.reward_weights weigh reward functions; task.reward is a convention")
         reward = resolve_reward(reward)
         if reward in EXACT and reward not in self.exact_conventions:
             from evolm.tasks import TASKS  # the registry imports this module: look it up when it is complete
@@ -65,7 +89,7 @@ class Task(ABC):
             owners = ", ".join(sorted(n for n, cls in TASKS.items() if reward in cls.exact_conventions)) or "no task"
             raise ConfigError(f"task.reward = '{reward}' reproduces {EXACT[reward]} and exists only for {owners}, "
                               f"not '{self.name}'; use format_answer or tiered")
-        self.reward_name = reward
+        self.reward_name = self.user_rewards.name if self.user_rewards and self.user_rewards.refs else reward
         self.system_prompt = self.instruction if system_prompt is None else system_prompt
         self.configure(**params)
 
@@ -104,17 +128,64 @@ class Task(ABC):
         """Whether the completion is well formatted and whether its answer is correct."""
 
     def reward(self, completion: str, example: Example) -> float:
-        """The task's reward under its configured convention (pure)."""
+        """The task's reward under its configured convention (pure); one completion of ``score``."""
+        if self.user_rewards is not None and self.user_rewards.refs:
+            return self.score([example], [completion])[0]
         if self.reward_name in EXACT:
             return self.exact_reward(completion, example)
         return REWARDS[self.reward_name](self.check(completion, example))
+
+    # -- scoring many completions at once (what ES, GRPO and evaluation call) --------------------------
+    def columns(self, examples: list[Example]) -> dict[str, list]:
+        """The data columns a reward function receives, one entry per example: ``answer`` and every field of
+        the examples' ``meta`` (absent fields are None)."""
+        keys: dict[str, None] = {}
+        for ex in examples:
+            keys.update(dict.fromkeys(k for k in ex.meta if not k.startswith("_")))
+        out = {"answer": [ex.answer for ex in examples]}
+        for key in keys:
+            if key not in out:
+                out[key] = [ex.meta.get(key) for ex in examples]
+        return out
+
+    def score(self, examples: list[Example], completions: list[str], prompts: list[str] | None = None) -> list[float]:
+        """The reward of each ``completions[i]`` of ``examples[i]`` (rendered prompt ``prompts[i]``): the reward
+        functions in one batched call when the task has them, else the convention one by one."""
+        if self.user_rewards is None or not self.user_rewards.refs:
+            return [float(self.reward(c, ex)) for c, ex in zip(completions, examples, strict=True)]
+        prompts = [ex.question for ex in examples] if prompts is None else prompts
+        return self.user_rewards.rewards(prompts, completions, self.columns(examples))
+
+    def judge(self, examples: list[Example], completions: list[str], prompts: list[str] | None = None) -> list[Verdict]:
+        """``check`` of each completion, its ``correct`` decided by the correctness function when there is one,
+        else by ``reward >= correct_threshold`` for a task without its own checker (``own_checker``)."""
+        verdicts = [self.check(c, ex) for c, ex in zip(completions, examples, strict=True)]
+        rf = self.user_rewards
+        if rf is None:
+            return verdicts
+        prompts = [ex.question for ex in examples] if prompts is None else prompts
+        correct = rf.correct(prompts, completions, self.columns(examples))
+        if correct is None and not self.own_checker and rf.refs:
+            correct = [r >= rf.threshold for r in self.score(examples, completions, prompts)]
+        if correct is None:
+            return verdicts
+        return [dataclasses.replace(v, correct=bool(c)) for v, c in zip(verdicts, correct)]
+
+    def plugins(self) -> dict:
+        """Where this task's code and reward functions come from (``plugins.provenance``), for ``run.json``."""
+        out: dict = {}
+        if getattr(self, "reference", None):  # a task found by entry point or reference (``make_task``)
+            out["task"] = provenance(type(self), self.reference)
+        if self.user_rewards is not None:
+            out.update(self.user_rewards.provenance())
+        return out
 
     def exact_reward(self, completion: str, example: Example) -> float:
         """The reward of a reference convention listed in ``exact_conventions`` (tasks that list one implement this)."""
         raise NotImplementedError(f"task '{self.name}' does not implement {self.reward_name}")
 
     def is_correct(self, completion: str, example: Example) -> bool:
-        return self.check(completion, example).correct
+        return self.judge([example], [completion])[0].correct
 
     def canonical_answer(self, answer: str | None) -> str | None:
         """The key an extracted answer votes with in maj@k and counts as in distinct-correct (None: no vote)."""
@@ -181,3 +252,17 @@ def special_token_affixes(tokenizer) -> tuple[str, str]:
             rest = full[start + len(plain):]
             return (tokenizer.decode(full[:start]) if start else ""), (tokenizer.decode(rest) if rest else "")
     return "", ""
+
+
+def check_rewards(task: Task, tokenizer=None, split: str = "train", count: int = 2) -> None:
+    """Call the task's reward and correctness functions once on ``count`` examples of ``split`` (each with
+    its gold answer as the completion), so a function that does not run, returns the wrong length, a
+    non-number or NaN is a one-line ``RewardError`` before a run directory exists. Mid-run, the same
+    failure skips that update (``es.population.score_completions``) and the run carries on."""
+    if task.user_rewards is None:
+        return
+    examples = task.examples(split, count, seed=0)
+    prompts = [task.render_prompt(ex, tokenizer) for ex in examples]
+    completions = ["" if ex.answer is None else str(ex.answer) for ex in examples]
+    task.score(examples, completions, prompts)
+    task.judge(examples, completions, prompts)
