@@ -23,10 +23,10 @@ import signal
 import sys
 
 from evolm import __version__
-from evolm.commands import analyze, config, demo, es, eval, grpo, pipeline, replay, report, sweep
+from evolm.commands import analyze, config, demo, es, eval, export, grpo, pipeline, replay, report, sweep
 from evolm.errors import Terminated, UserError
 
-VERBS = (demo, es, grpo, pipeline, replay, eval, analyze, sweep, report, config)
+VERBS = (demo, es, grpo, pipeline, replay, export, eval, analyze, sweep, report, config)
 """The verb modules, in help order."""
 
 
