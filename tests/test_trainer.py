@@ -1,0 +1,161 @@
+"""The Python API: ESTrainer / GRPOTrainer in TRL's shape write the CLI's run directory, and AskTell is the
+engine's ES for a user's own loop (its seed log replays with the engine's replay)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from evolm import AskTell, ESConfig, ESTrainer, GRPOConfig, GRPOTrainer
+from evolm.errors import UserError
+
+REPO = Path(__file__).resolve().parents[1]
+
+REWARD_PY = '''
+def vowels(prompts, completions, answer, **columns):
+    out = []
+    for c in completions:
+        letters = [ch for ch in c.lower() if ch.isalpha()]
+        out.append(sum(ch in "aeiou" for ch in letters) / len(letters) if letters else 0.0)
+    return out
+'''
+
+ROWS = [{"prompt": f"Write a word like 'aqua' #{i}.", "answer": "aqua"} for i in range(24)]
+
+
+@pytest.fixture(scope="module")
+def reward_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("user") / "user_reward.py"
+    path.write_text(REWARD_PY)
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory, tokenizer):
+    from conftest import make_tiny_model
+
+    path = tmp_path_factory.mktemp("tiny") / "model"
+    make_tiny_model(tokenizer).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def _weights(directory: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(directory / "model.safetensors"))
+
+
+def _changed(a: dict, b: dict) -> bool:
+    return any(not torch.equal(a[k], b[k]) for k in a if k in b)
+
+
+SMALL = dict(iterations=2, population=4, prompts_per_iteration=4, max_new_tokens=6, sigma=0.02, learning_rate=0.01,
+             temperature=1.0, before_after=False, progress=False, overrides=["run.checkpoint_every=0", "probe.every=0"])
+
+
+@pytest.mark.slow
+@pytest.mark.ci
+def test_es_trainer_on_the_embedded_model_equals_the_cli_run(reward_file, tmp_path):
+    """The done-when of the API: same settings from Python and from the CLI -> the same weights, seed log and
+    fitnesses; the run directory is read by evolm report and evolm replay."""
+    from evolm.tasks.base import Example  # noqa: F401  (the public names import)
+
+    small = dict(SMALL, iterations=2, population=3, prompts_per_iteration=2, max_new_tokens=6, sigma=5e-3,
+                 learning_rate=5e-4, temperature=0.0)
+    trainer = ESTrainer(model="smollm2-135m", reward_funcs=[f"{reward_file}:vowels"],
+                        args=ESConfig(output_dir=str(tmp_path / "runs" / "api"), **small), train_dataset=ROWS)
+    out = trainer.train()
+    assert out.run_dir == tmp_path / "runs" / "api" and out.steps == 2
+
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    sets = ["run.name='cli'", f"run.out_dir='{tmp_path / 'runs'}'", "task.name='dataset'",
+            f"task.params={{ train = '{rows}' }}", f"task.reward=['{reward_file}:vowels']", "es.iterations=2",
+            "es.population=3", "es.prompts_per_iteration=2", "generation.max_new_tokens=6", "es.sigma=0.005", "eval.before_after=false",
+            "run.progress=false", "run.checkpoint_every=0", "probe.every=0", "task.params.prompt='prompt'"]
+    cli = subprocess.run([sys.executable, "-m", "evolm", "es", "--config", str(REPO / "configs" / "es-arithmetic.toml"),
+                          *[a for s in sets for a in ("--set", s)]], capture_output=True, text=True, timeout=900)
+    assert cli.returncode == 0, cli.stderr[-2000:]
+    api_dir, cli_dir = out.run_dir, tmp_path / "runs" / "cli"
+    api, cli_w = _weights(api_dir / "final"), _weights(cli_dir / "final")
+    assert all(torch.equal(api[k], cli_w[k]) for k in api)
+    logs = {d: [json.loads(x) for x in (d / "seed_log.jsonl").read_text().splitlines()][1:] for d in (api_dir, cli_dir)}
+    assert [r["fitness"] for r in logs[api_dir]] == [r["fitness"] for r in logs[cli_dir]]
+    assert any(r["status"] == "applied" for r in logs[api_dir])  # training changed the weights
+
+    rep = subprocess.run([sys.executable, "-m", "evolm", "report", str(api_dir), "--out", str(tmp_path / "report")],
+                         capture_output=True, text=True, timeout=600)
+    assert rep.returncode == 0, rep.stderr[-2000:]
+    assert (tmp_path / "report" / "report.md").exists()
+    replay = subprocess.run([sys.executable, "-m", "evolm", "replay", str(api_dir), "--step", "2", "--out",
+                             str(tmp_path / "replayed")], capture_output=True, text=True, timeout=600)
+    assert replay.returncode == 0, replay.stderr[-2000:]
+    replayed = _weights(tmp_path / "replayed")
+    assert all(torch.equal(replayed[k], api[k]) for k in api)
+
+
+def test_a_loaded_model_trains_resumes_and_switching_to_grpo_is_one_line(tiny_dir, reward_file, tmp_path, tokenizer):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir)
+    args = ESConfig(output_dir=str(tmp_path / "es"), **SMALL)
+    out = ESTrainer(model, [f"{reward_file}:vowels"], args, train_dataset=ROWS, processing_class=tokenizer).train()
+    base = _weights(next((tmp_path / ".models").iterdir()))
+    first = _weights(out.run_dir / "final")
+    assert _changed(first, base)
+    seeds = [json.loads(x) for x in (out.run_dir / "seed_log.jsonl").read_text().splitlines()]
+    assert any(r.get("status") == "applied" for r in seeds)
+
+    longer = ESConfig(output_dir=str(tmp_path / "es"), **dict(SMALL, iterations=3))
+    resumed = ESTrainer(model, [f"{reward_file}:vowels"], longer, train_dataset=ROWS, processing_class=tokenizer).train(resume=True)
+    assert resumed.steps == 3 and _changed(_weights(out.run_dir / "final"), first)
+
+    grpo = GRPOTrainer(str(tiny_dir), [f"{reward_file}:vowels"],
+                       GRPOConfig(output_dir=str(tmp_path / "grpo"), max_steps=1, num_generations=4, prompts_per_step=2,
+                                  learning_rate=1e-3, max_new_tokens=6, before_after=False, progress=False,
+                                  overrides=["run.checkpoint_every=0", "probe.every=0"]),
+                       train_dataset=ROWS).train()
+    assert _changed(_weights(grpo.run_dir / "final"), _weights(tiny_dir))
+
+
+def test_a_reward_no_other_process_can_find_is_refused_in_one_line(tmp_path):
+    with pytest.raises(UserError, match="lambda or defined inside a function; define it at module level"):
+        ESTrainer("smollm2-135m", [lambda prompts, completions, **kw: [0.0] * len(completions)],
+                  ESConfig(output_dir=str(tmp_path / "x")), train_dataset=ROWS)
+    with pytest.raises(UserError, match="takes args=ESConfig"):
+        ESTrainer("smollm2-135m", None, GRPOConfig(output_dir=str(tmp_path / "y")), train_dataset=ROWS)
+
+
+def test_ask_tell_is_the_engines_es(tiny_model, tokenizer):
+    """Members perturb and restore bit for bit; the seed log replays with the engine's replay."""
+    from conftest import make_tiny_model
+
+    from evolm.es.engine import replay
+
+    before = {k: v.clone() for k, v in tiny_model.state_dict().items()}
+    es = AskTell(tiny_model, population=4, sigma=0.02, lr=0.01, seed=3)
+    for _ in range(2):
+        fitness = []
+        for member in es.ask():
+            with member:
+                w = tiny_model.model.norm.weight
+                fitness.append(float(w.detach().sum()))  # any score of the perturbed model
+                assert not torch.equal(w, before["model.norm.weight"])
+            assert torch.equal(tiny_model.model.norm.weight, es.float32_model().model.norm.weight)
+        update = es.tell(fitness)
+        assert update.status == "applied"
+    after = tiny_model.state_dict()
+    assert _changed(after, before)
+    fresh = make_tiny_model(tokenizer)
+    rebuilt = replay(fresh, es.seed_log, es.job)
+    assert rebuilt is not None
+    assert all(torch.equal(fresh.state_dict()[k], after[k]) for k in after)
+    with pytest.raises(UserError, match="one fitness per member"):
+        es.ask()
+        es.tell([1.0])
