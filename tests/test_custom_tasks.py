@@ -347,3 +347,21 @@ def test_grpo_trains_on_the_plugins_task_and_trl_takes_the_same_function(plugin_
                           train_dataset=data, processing_class=tokenizer)
     trainer.train()
     assert calls and all(isinstance(c, str) for c in calls[0][1]) and "target" in calls[0][2]
+
+
+def test_a_hub_dataset_id_offline_is_one_line():
+    with pytest.raises(UserError, match="not a local file or folder, and the Hugging Face hub is unreachable"):
+        make_task("dataset", train="some-org/some-dataset").examples("train", 1)
+
+
+def test_pipelines_and_sweeps_take_the_same_task_and_reward_fields(rewards_py):
+    from evolm.pipeline import PipelineJob
+    from evolm.sweep import parse_grid
+
+    job = config.from_dict(PipelineJob, {}, [f"task.reward=['{rewards_py}:length', '{rewards_py}:half']",
+                                             "task.reward_weights=[1.0, 0.5]"])
+    assert job.task.reward_weights == [1.0, 0.5]
+    grid = parse_grid([f"task.reward={rewards_py}:length,{rewards_py}:half"])
+    assert len(grid["task.reward"]) == 2
+    for value in grid["task.reward"]:  # each sweep point's config finds its reward function
+        assert config.from_dict(config.ESJob, {}, [f"task.reward='{value}'"]).task.reward == value
