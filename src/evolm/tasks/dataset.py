@@ -63,7 +63,10 @@ def _first_line(e: BaseException) -> str:
 
 def load_rows(source: str, split: str, config: str | None = None) -> list[dict]:
     """The rows of ``split`` of ``source``: a data file, a ``save_to_disk`` folder, or a hub dataset id."""
-    import datasets
+    try:
+        import datasets
+    except ImportError:
+        raise UserError("the dataset task reads its rows with the datasets package: pip install datasets") from None
 
     path = Path(str(source)).expanduser()
     try:
