@@ -156,7 +156,8 @@ class TaskConfig:
         cls = find_task(self.name)
         refs = [self.reward] if isinstance(self.reward, str) else list(self.reward)
         require(bool(refs), f"{p}.reward must name a convention or at least one reward function")
-        if len(refs) == 1 and is_convention(refs[0]):
+        convention = len(refs) == 1 and is_convention(refs[0])
+        if convention:
             self.reward = resolve_reward(refs[0], f"{p}.reward")
             require(not self.reward_weights, f"{p}.reward_weights weigh reward functions; {p}.reward is the convention "
                                              f"'{self.reward}' (give functions, or drop the weights)")
@@ -168,12 +169,9 @@ class TaskConfig:
         else:
             require(not any(is_convention(r) for r in refs),
                     f"{p}.reward mixes a convention with reward functions ({refs}); list functions only")
-            require(not self.reward_weights or len(self.reward_weights) == len(refs),
-                    f"{p}.reward_weights has {len(self.reward_weights)} weights for {len(refs)} reward functions; "
-                    "give one per function (or none: all 1)")
-            RewardFunctions(refs, self.reward_weights, self.correct, self.correct_threshold)  # imports them: fails here
-        if self.correct:
-            RewardFunctions([], (), self.correct)
+        functions = [] if convention else refs
+        if functions or self.correct:  # imports them, checks their weights: a one-line error here, before any run
+            RewardFunctions(functions, self.reward_weights, self.correct, self.correct_threshold)
 
 
 @dataclass

@@ -69,19 +69,15 @@ class Task(ABC):
     def __init__(self, reward: str | list[str] | tuple[str, ...] = "format_answer", system_prompt: str | None = None, *,
                  reward_weights=(), correct: str = "", correct_threshold: float = 1.0, **params: Any):
         refs = [reward] if isinstance(reward, str) else list(reward)
-        self.user_rewards: RewardFunctions | None = None
-        if len(refs) == 1 and is_convention(refs[0]):
-            reward = refs[0]
-        else:
-            bad = [r for r in refs if is_convention(r)]
-            if bad:
-                raise ConfigError(f"task.reward mixes the convention '{bad[0]}' with reward functions; list functions only")
-            reward = "format_answer"  # the task's own checker stays its format and answer reader
-        if refs != [reward] or correct:
-            self.user_rewards = RewardFunctions([r for r in refs if not is_convention(r)], reward_weights, correct,
-                                                correct_threshold)
-        elif reward_weights:
+        convention = len(refs) == 1 and is_convention(refs[0])
+        if not convention and any(is_convention(r) for r in refs):
+            raise ConfigError(f"task.reward mixes a convention with reward functions ({refs}); list functions only")
+        functions = [] if convention else refs
+        if reward_weights and not functions:
             raise ConfigError("task.reward_weights weigh reward functions; task.reward is a convention")
+        self.user_rewards: RewardFunctions | None = (
+            RewardFunctions(functions, reward_weights, correct, correct_threshold) if functions or correct else None)
+        reward = refs[0] if convention else "format_answer"  # with functions, the checker still reads format and answer
         reward = resolve_reward(reward)
         if reward in EXACT and reward not in self.exact_conventions:
             from evolm.tasks import TASKS  # the registry imports this module: look it up when it is complete
