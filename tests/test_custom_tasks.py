@@ -365,3 +365,23 @@ def test_pipelines_and_sweeps_take_the_same_task_and_reward_fields(rewards_py):
     assert len(grid["task.reward"]) == 2
     for value in grid["task.reward"]:  # each sweep point's config finds its reward function
         assert config.from_dict(config.ESJob, {}, [f"task.reward='{value}'"]).task.reward == value
+
+
+def test_a_reward_that_raises_mid_run_skips_that_update_and_the_run_carries_on(tiny_dir, tmp_path):
+    from evolm.jobs import run_es
+
+    flaky = write_module(tmp_path / "flaky.py", '''
+def reward(prompts, completions, **columns):
+    if len(completions) > 2:  # the check before the run scores 2 rows; members score 4
+        raise RuntimeError("verifier offline")
+    return [0.0] * len(completions)
+''')
+    cfg = config.from_dict(config.ESJob, {}, [f"model.spec='{tiny_dir}'", f"run.out_dir='{tmp_path}'", "run.name='r'",
+                                              "run.progress=false", f"task.reward='{flaky}:reward'", "es.iterations=2",
+                                              "es.population=2", "es.prompts_per_iteration=4", "eval.before_after=false",
+                                              "probe.every=0", "generation.max_new_tokens=4", "run.checkpoint_every=0"])
+    run = run_es(cfg, quiet=True)
+    records = run.train_records()
+    assert [r["update_status"] for r in records] == ["skipped", "skipped"]
+    assert all("verifier offline" in r["message"] for r in records)
+    assert run.info()["status"] == "finished"
