@@ -18,8 +18,8 @@ from evolm.errors import ConfigError, UserError
 from evolm.metrics import pass_at_k_problem
 from evolm.report import study
 from evolm.report.reproduction import build_study
-from evolm.report.study import (CONTRADICTED, INCONCLUSIVE, NOT_RUN, REPRODUCED, bootstrap_interval, claim_verdict,
-                                interval_verdict, load_claims, value_verdict)
+from evolm.report.study import (CONTRADICTED, INCONCLUSIVE, NOT_RUN, PREMISE_ABSENT, REPRODUCED, TRAINING_FAILED,
+                                bootstrap_interval, claim_verdict, interval_verdict, load_claims, value_verdict)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -72,10 +72,12 @@ def write_claims(path: Path, data: Path, body: str) -> Path:
     return path
 
 
-def change(run, metric, expect, cid="C1"):
+def change(run, metric, expect, cid="C1", margin=None):
+    """A claim with one change test (``margin``: its declared margin, which not_down needs)."""
+    margin = 1 / 64 if margin is None and expect == "not_down" else margin
     return (f'[[claim]]\nid = "{cid}"\nclaim = "a claim"\npaper = "the paper"\ncommand = "bash run.sh {cid}"\n'
             f'decide = "more"\ncost = "1 h"\n\n[[claim.test]]\nkind = "change"\nrun = "{run}"\nmetric = "{metric}"\n'
-            f'expect = "{expect}"\n\n')
+            f'expect = "{expect}"\n' + (f"margin = {margin}\n" if margin is not None else "") + "\n")
 
 
 def outcome(tmp_path, body):
@@ -99,21 +101,24 @@ def test_bootstrap_interval_known_values():
 
 
 def test_interval_verdicts_in_every_direction():
-    assert interval_verdict("up", 0.1, 0.3, 64) == REPRODUCED
-    assert interval_verdict("up", -0.3, -0.1, 64) == CONTRADICTED
-    assert interval_verdict("up", -0.1, 0.3, 64) == INCONCLUSIVE
-    assert interval_verdict("up", 0.0, 0.0, 64) == INCONCLUSIVE  # nothing moved
-    assert interval_verdict("down", -0.3, -0.1, 64) == REPRODUCED
-    assert interval_verdict("a_greater", 0.1, 0.2, 64) == CONTRADICTED
-    assert interval_verdict("b_greater", 0.1, 0.2, 64) == REPRODUCED
-    # not_down: non-inferiority with a margin of one problem's share (1/64 = 0.0156)
-    assert interval_verdict("not_down", -0.01, 0.02, 64) == REPRODUCED
-    assert interval_verdict("not_down", -0.01, -0.005, 64) == REPRODUCED  # within the margin
-    assert interval_verdict("not_down", -0.2, -0.05, 64) == CONTRADICTED
-    assert interval_verdict("not_down", -0.2, 0.05, 64) == INCONCLUSIVE
-    assert interval_verdict("equal", -0.01, 0.01, 64) == REPRODUCED
-    assert interval_verdict("equal", 0.05, 0.2, 64) == CONTRADICTED
-    assert interval_verdict("equal", -0.1, 0.1, 64) == INCONCLUSIVE
+    assert interval_verdict("up", 0.1, 0.3) == REPRODUCED
+    assert interval_verdict("up", -0.3, -0.1) == CONTRADICTED
+    assert interval_verdict("up", -0.1, 0.3) == INCONCLUSIVE
+    assert interval_verdict("up", 0.0, 0.0) == INCONCLUSIVE  # nothing moved
+    assert interval_verdict("down", -0.3, -0.1) == REPRODUCED
+    assert interval_verdict("a_greater", 0.1, 0.2) == CONTRADICTED
+    assert interval_verdict("b_greater", 0.1, 0.2) == REPRODUCED
+    # not_down: non-inferiority against the test's margin (here 1/64 = 0.0156), contradicted only beyond it
+    m = 1 / 64
+    assert interval_verdict("not_down", -0.01, 0.02, m) == REPRODUCED
+    assert interval_verdict("not_down", -0.01, -0.005, m) == REPRODUCED  # within the margin
+    assert interval_verdict("not_down", -0.2, -0.05, m) == CONTRADICTED
+    assert interval_verdict("not_down", -0.2, 0.05, m) == INCONCLUSIVE
+    assert interval_verdict("not_down", -0.2, -0.01, m) == INCONCLUSIVE  # below 0, but not beyond the margin
+    assert interval_verdict("equal", -0.01, 0.01, m) == REPRODUCED
+    assert interval_verdict("equal", 0.05, 0.2, m) == CONTRADICTED
+    assert interval_verdict("equal", 0.01, 0.2, m) == INCONCLUSIVE  # excludes 0, not the margin: not contradicted
+    assert interval_verdict("equal", -0.1, 0.1, m) == INCONCLUSIVE
     assert value_verdict(">", 40.0, 10.0) == REPRODUCED and value_verdict(">", 2.0, 10.0) == CONTRADICTED
     assert value_verdict(">", 5.0, 1.0, interval=[2.0, 9.0]) == REPRODUCED
     assert value_verdict(">", 5.0, 1.0, interval=[0.5, 9.0]) == INCONCLUSIVE
@@ -234,13 +239,15 @@ def test_compare_and_mismatched_problems(tmp_path):
     body = ('[[claim]]\nid = "C2"\nclaim = "c"\n\n'
             '[[claim.test]]\nkind = "compare"\na = "grpo/eval_after.json"\nb = "es/eval_after.json"\nmetric = "pass@1"\nexpect = "a_greater"\n\n'
             '[[claim.test]]\nkind = "compare"\na = "es/eval_before.json"\nb = "matched/es-at-grpo-sequences/eval.json"\nmetric = "pass@1"\nexpect = "b_greater"\n\n'
-            '[[claim.test]]\nkind = "compare"\na = "es/eval_after.json"\nb = "grpo/eval_after.json"\nmetric = "greedy"\nexpect = "equal"\n')
+            '[[claim.test]]\nkind = "compare"\na = "es/eval_after.json"\nb = "grpo/eval_after.json"\nmetric = "greedy"\nexpect = "equal"\n'
+            'margin = 0.1\n')
     res = outcome(tmp_path, body)[0]
     first, second, third = res.tests
     assert (first.verdict, first.estimate) == (REPRODUCED, pytest.approx(6 / 16 - 12 / 16))
     assert (second.verdict, second.estimate) == (REPRODUCED, pytest.approx(1 / 16))
-    # greedy_correct is c > n/2: 6 of 16 -> wrong, 12 of 16 -> right on every problem: b - a = 1, not equal
-    assert third.verdict == CONTRADICTED and third.estimate == 1.0
+    # greedy_correct is c > n/2: 6 of 16 -> wrong, 12 of 16 -> right on every problem: b - a = 1, not equal (its exact
+    # interval lies beyond the margin 0.1)
+    assert third.verdict == CONTRADICTED and third.estimate == 1.0 and third.method == "exact" and third.interval[0] > 0.85
     assert res.verdict == CONTRADICTED
     # a file of other problems: one line naming both files
     ids = [f"arithmetic:{i + 100}" for i in range(64)]
@@ -361,10 +368,10 @@ def test_compare_changes_from_own_baselines(tmp_path):
             'a_base = "a0.json"\nb_base = "b0.json"\nmetric = "pass@1"\nexpect = "a_greater"\n')
     r = outcome(tmp_path, body)[0].tests[0]
     assert r.estimate == pytest.approx(-0.5) and r.interval == [-0.5, -0.5] and r.verdict == REPRODUCED
-    assert outcome(tmp_path, body.replace('"a_greater"', '"b_not_less"'))[0].tests[0].verdict == CONTRADICTED
+    assert outcome(tmp_path, body.replace('"a_greater"', '"b_not_less"\nmargin = 0.1'))[0].tests[0].verdict == CONTRADICTED
     swapped = body.replace('"a1.json"', '"B1"').replace('"b1.json"', '"a1.json"').replace('"B1"', '"b1.json"')
     swapped = swapped.replace('"a0.json"', '"B0"').replace('"b0.json"', '"a0.json"').replace('"B0"', '"b0.json"')
-    assert outcome(tmp_path, swapped.replace('"a_greater"', '"b_not_less"'))[0].tests[0].verdict == REPRODUCED
+    assert outcome(tmp_path, swapped.replace('"a_greater"', '"b_not_less"\nmargin = 0.1'))[0].tests[0].verdict == REPRODUCED
     assert (r.a, r.b) == (pytest.approx(0.0), pytest.approx(-0.5)) and len(r.files) == 4
     assert "difference in changes" in study.describe(r) and "(b1.json − b0.json) − (a1.json − a0.json)" in r.label
     (data / "b0.json").write_text(json.dumps(run_eval("after", problems([12] * 63))))
@@ -473,7 +480,7 @@ def test_float_noise_never_makes_an_interval_exclude_zero():
     diffs = [0.1 + 0.2 - 0.3] * 40 + [1 / 3 - (1 - 2 / 3)] * 20 + [1 / 64, 0.0, 0.0, 0.0]
     mean, lo, hi = bootstrap_interval(diffs)
     assert lo == 0.0 and hi > 0
-    assert interval_verdict("equal", lo, hi, 64) != "contradicted"
+    assert interval_verdict("equal", lo, hi, 1 / 64) != "contradicted"
 
 
 def test_greedy_only_evaluations_are_tabled_not_drawn(tmp_path, monkeypatch):
@@ -485,7 +492,7 @@ def test_greedy_only_evaluations_are_tabled_not_drawn(tmp_path, monkeypatch):
         probs = [{"id": f"arithmetic:{i}", "greedy_correct": c} for i, c in enumerate(correct)]  # n = 0: no samples
         (d / f"{name}.json").write_text(json.dumps({"task": "arithmetic", "split": "test", "problems": probs}))
     body = ('[[claim]]\nid = "C5"\nclaim = "c"\n\n[[claim.test]]\nkind = "compare"\na = "analyses/c5/sparsity/es_trained.json"\n'
-            'b = "analyses/c5/sparsity/es_x8.json"\nmetric = "greedy"\nexpect = "equal"\n')
+            'b = "analyses/c5/sparsity/es_x8.json"\nmetric = "greedy"\nexpect = "equal"\nmargin = 0.05\n')
     result = build_study(write_claims(Path("claims.toml"), data, body), "docs")
     (test,) = result.outcomes[0].tests
     assert test.estimate == pytest.approx(-1 / 64) and test.problems == 64
@@ -671,3 +678,166 @@ def test_the_committed_page_regenerates_from_the_committed_files(tmp_path, monke
     result = build_study("experiments/study/claims.toml", out=tmp_path)
     assert result.markdown.read_text() == (ROOT / "docs" / "REPRODUCTION.md").read_text()
     assert json.loads(result.json.read_text()) == json.loads((ROOT / "docs" / "study" / "reproduction.json").read_text())
+
+
+# -- issue 16, item 4: margins, exact intervals, pooled duplicates, premises, seeds ------------------------------
+
+
+def test_repeated_problem_ids_are_pooled_not_overwritten(tmp_path):
+    """A held-out draw that repeats a problem (procedural Countdown: 64 rows, 59 ids) measures that problem more
+    often: its rows are one problem with n and c summed, entropies joined and greedy averaged."""
+    rows = problems([0, 16, 4, 8], ids=["p:a", "p:b", "p:a", "p:c"], entropy=[0.2, 0.4, 0.6, 0.8],
+                    greedy=[False, True, True, False])
+    pooled = study.pooled_problems({"problems": rows})
+    assert [(p["id"], p["n"], p["c"], p["rows"]) for p in pooled] == [("p:a", 32, 4, 2), ("p:b", 16, 16, 1), ("p:c", 16, 8, 1)]
+    assert pooled[0]["greedy"] == 0.5 and len(pooled[0]["entropy"]) == 32
+    values = study.problem_values({"problems": rows}, "pass@1")
+    assert values == pytest.approx({"p:a": 4 / 32, "p:b": 1.0, "p:c": 0.5})  # not p:a = 4/16, its last row, as before
+    assert study.problem_values({"problems": rows}, "pass@4")["p:a"] == pytest.approx(pass_at_k_problem(32, 4, 4))
+    assert study.problem_values({"problems": rows}, "entropy")["p:a"] == pytest.approx(0.4)
+    # a change test reads distinct problems, and the page's own table agrees with it
+    data = tmp_path / "data"
+    d = write_run(data, "cd", [0] * 4, [0] * 4)
+    (d / "eval_before.json").write_text(json.dumps(run_eval("before", problems([0, 2, 0], ids=["x", "y", "x"]))))
+    (d / "eval_after.json").write_text(json.dumps(run_eval("after", problems([8, 2, 0], ids=["x", "y", "x"]))))
+    r = outcome(tmp_path, change("cd", "pass@1", "up"))[0].tests[0]
+    assert r.problems == 2 and (r.a, r.b) == (pytest.approx((0 + 2 / 16) / 2), pytest.approx((8 / 32 + 2 / 16) / 2))
+
+
+def test_binary_metrics_get_an_exact_interval_never_of_zero_width():
+    from evolm.report.study.stats import exact_paired_interval
+
+    same = [(1.0, 1.0)] * 20 + [(0.0, 0.0)] * 44  # no problem differs
+    r = study.paired_binary_interval(same)
+    assert r["mean"] == 0 and r["lo"] < -0.05 and r["hi"] > 0.05 and r["p"] == 1.0  # 0 of 64 still allows ~5.8%
+    assert interval_verdict("equal", r["lo"], r["hi"], 1 / 64) == INCONCLUSIVE
+    assert interval_verdict("equal", r["lo"], r["hi"], 0.1) == REPRODUCED  # a margin wider than what 64 problems bound
+    gain = [(0.0, 1.0)] * 12 + [(1.0, 0.0)] * 2 + [(0.0, 0.0)] * 50
+    r = study.paired_binary_interval(gain)
+    assert r["mean"] == pytest.approx(10 / 64) and (r["n01"], r["n10"]) == (12, 2)
+    assert 0.03 < r["lo"] < 0.06 and 0.26 < r["hi"] < 0.31  # near the bootstrap's [0.031, 0.297], but exact
+    assert r["p"] == pytest.approx(0.01294, abs=1e-4)  # McNemar's exact test: 2 * P(Bin(14, 1/2) <= 2)
+    # consistent with the test at 0: 4 of 64 only b right is not enough (McNemar p 0.125), 6 of 64 is
+    assert exact_paired_interval(4, 0, 64)[0] == 0.0 and exact_paired_interval(6, 0, 64)[0] > 0
+    assert exact_paired_interval(0, 6, 64) == tuple(-x for x in reversed(exact_paired_interval(6, 0, 64)))
+
+
+def test_the_exact_paired_interval_covers_at_its_level():
+    """Exact coverage, summed over every outcome of 12 paired problems, at a few points of the parameter space."""
+    from scipy.stats import multinomial
+
+    from evolm.report.study.stats import exact_paired_interval
+
+    n = 12
+    for p01, p10 in ((0.3, 0.1), (0.05, 0.05), (0.5, 0.0), (0.0, 0.0)):
+        coverage = 0.0
+        for i in range(n + 1):
+            for j in range(n + 1 - i):
+                lo, hi = exact_paired_interval(i, j, n)
+                if lo - 1e-9 <= p01 - p10 <= hi + 1e-9:
+                    coverage += multinomial.pmf([i, j, n - i - j], n, [p01, p10, 1 - p01 - p10])
+        assert coverage >= 0.95 - 2e-3, (p01, p10, coverage)
+
+
+def test_margins_are_declared_per_test(tmp_path):
+    data = tmp_path / "data"
+    # entropy 0.5 -> 0.45 for ES, 0.5 -> 0.1 for GRPO (on the same problems)
+    for name, after in {"es": 0.45, "grpo": 0.1}.items():
+        d = write_run(data, name, [4] * 64, [4] * 64)
+        (d / "eval_before.json").write_text(json.dumps(run_eval("before", problems([4] * 64, entropy=[0.5] * 64))))
+        (d / "eval_after.json").write_text(json.dumps(run_eval("after", problems([4] * 64, entropy=[after] * 64))))
+    relative = change("es", "entropy", "not_down").replace("margin = 0.015625", 'margin_of = { fraction = 0.5, run = "grpo" }')
+    r = outcome(tmp_path, relative)[0].tests[0]
+    assert r.margin == pytest.approx(0.2) and r.verdict == REPRODUCED  # fell 0.05, less than half of GRPO's 0.4
+    assert "0.5 × |grpo entropy change -0.400| = 0.200" in study.describe(r)
+    assert outcome(tmp_path, change("es", "entropy", "not_down", margin=0.01))[0].tests[0].verdict == CONTRADICTED
+    level = relative.replace('run = "grpo"', 'file = "grpo/eval_before.json"').replace("fraction = 0.5", "fraction = 0.05")
+    assert outcome(tmp_path, level)[0].tests[0].margin == pytest.approx(0.025)  # 5% of the base's entropy level
+    missing = relative.replace('run = "grpo"', 'run = "nowhere"')
+    r = outcome(tmp_path, missing)[0].tests[0]
+    assert r.verdict == NOT_RUN and "margin reference" in r.detail
+    cases = {change("es", "entropy", "not_down").replace("margin = 0.015625\n", ""): "needs its margin",
+             change("es", "entropy", "up", margin=0.1): "a margin applies to expect",
+             change("es", "entropy", "not_down", margin=-0.1): "margin must be >= 0",
+             relative.replace('run = "grpo"', 'run = "grpo", file = "x.json"'): "margin_of needs fraction > 0 and one reference"}
+    for body, expected in cases.items():
+        with pytest.raises(ConfigError, match=expected):
+            load_claims(write_claims(tmp_path / "claims.toml", data, body))
+
+
+def test_seeds_of_a_method_are_one_test(tmp_path):
+    """Three runs of one method, each on its own problems: the mean of the runs' changes, each run's problems
+    resampled on their own; several files of one side on the same problems: their per-problem mean."""
+    data = tmp_path / "data"
+    for name, after, ids in (("s0", 8, "a"), ("s1", 12, "b"), ("s2", 4, "c")):
+        d = write_run(data, name, [4] * 64, [after] * 64)
+        idx = [f"{ids}:{i}" for i in range(64)]
+        (d / "eval_before.json").write_text(json.dumps(run_eval("before", problems([4] * 64, ids=idx))))
+        (d / "eval_after.json").write_text(json.dumps(run_eval("after", problems([after] * 32 + [4] * 32, ids=idx))))
+    body = change("s0", "pass@1", "up").replace('run = "s0"', 'run = "s0"\nseeds = ["s1", "s2"]')
+    r = outcome(tmp_path, body)[0].tests[0]
+    per_run = [(8 - 4) / 16 / 2, (12 - 4) / 16 / 2, 0.0]
+    assert r.estimate == pytest.approx(sum(per_run) / 3) and r.method == "stratified bootstrap" and r.problems == 192
+    assert [s["label"] for s in r.seeds] == ["s0", "s1", "s2"]
+    assert [s["estimate"] for s in r.seeds] == pytest.approx(per_run)
+    assert r.interval[0] < r.estimate < r.interval[1] and r.verdict == REPRODUCED
+    assert "per run: s0 +0.125, s1 +0.250, s2 +0.000" in study.describe(r)
+    # compare with b_seeds: side b is the per-problem mean of its files
+    (data / "x").mkdir()
+    for name, cs in {"a": [4] * 64, "b1": [8] * 64, "b2": [12] * 64}.items():
+        (data / "x" / f"{name}.json").write_text(json.dumps(run_eval("after", problems(cs))))
+    cmp = ('[[claim]]\nid = "M"\nclaim = "c"\n\n[[claim.test]]\nkind = "compare"\na = "x/a.json"\nb = "x/b1.json"\n'
+           'b_seeds = ["x/b2.json"]\nmetric = "pass@1"\nexpect = "b_greater"\n')
+    r = outcome(tmp_path, cmp)[0].tests[0]
+    assert r.estimate == pytest.approx((8 + 12) / 2 / 16 - 4 / 16) and r.verdict == REPRODUCED
+    assert [s["label"] for s in r.seeds] == ["x/b1.json", "x/b2.json"]
+    with pytest.raises(ConfigError, match="does not take seeds"):
+        load_claims(write_claims(tmp_path / "claims.toml", data, cmp.replace("b_seeds", "seeds")))
+
+
+def test_a_run_that_lost_its_task_is_not_evidence(tmp_path):
+    """A [[premise]] that fails takes the directories it covers out of every test: a seed is left out of its
+    method's test, and a test with no run left on one side reads "training failed" and is not counted."""
+    data = tmp_path / "data"
+    write_run(data, "good", [4] * 64, [8] * 64, method="grpo")
+    write_run(data, "lost", [4] * 64, [0] * 64, method="grpo")  # pass@1 0.25 -> 0
+    premises = "".join(f'[[premise]]\nid = "{run} kept its task"\nkind = "change"\nrun = "{run}"\nmetric = "pass@1"\n'
+                       f'expect = "up"\nholds_when = "not_contradicted"\ncovers = ["{run}"]\n\n' for run in ("good", "lost"))
+    body = (premises + change("good", "pass@16", "down", "A").replace('run = "good"', 'run = "good"\nseeds = ["lost"]')
+            + change("lost", "pass@1", "up", "B") + change("good", "pass@1", "up", "B").split("\n\n", 1)[1])
+    data_claims = write_claims(tmp_path / "claims.toml", data, body)
+    claims = load_claims(data_claims)
+    s = study.evaluate_study(claims, lambda p: json.loads(Path(p).read_text()))
+    assert [p.holds for p in s.premises] == [True, False]
+    a, b = s.claims
+    (seeded,) = a.tests
+    assert seeded.gate == "lost kept its task" and [x["dropped"] for x in seeded.seeds][1].startswith("training failed")
+    assert seeded.problems == 64  # the good run only
+    lost, good = b.tests
+    assert lost.verdict == TRAINING_FAILED and lost.measured == CONTRADICTED and not lost.counted
+    assert good.verdict == REPRODUCED and b.verdict == REPRODUCED  # the lost run does not contradict the claim
+    assert "**training failed** (lost kept its task; measured: contradicted)" in study.describe(lost)
+    with pytest.raises(ConfigError, match="needs covers"):
+        load_claims(write_claims(tmp_path / "c2.toml", data, body.replace('covers = ["good"]\n', "")))
+
+
+def test_a_claim_without_its_premise_reads_premise_absent(tmp_path):
+    data = tmp_path / "data"
+    write_run(data, "flat", [4] * 64, [4] * 64)
+    write_run(data, "up", [0] * 64, [8] * 64)
+    premise = lambda run, gates="claim": (f'[[claim.premise]]\nid = "{run} gained"\ngates = "{gates}"\nkind = "change"\n'  # noqa: E731
+                                          f'run = "{run}"\nmetric = "pass@1"\nexpect = "up"\n\n')
+    test = lambda run, req="": (f'[[claim.test]]\nkind = "change"\nrun = "{run}"\nmetric = "pass@16"\nexpect = "up"\n'  # noqa: E731
+                                + (f'requires = ["{req}"]\n' if req else "") + "\n")
+    head = lambda cid: f'[[claim]]\nid = "{cid}"\nclaim = "c"\n\n'  # noqa: E731
+    res = outcome(tmp_path, head("GATED") + premise("flat") + test("up")
+                  + head("HELD") + premise("up") + test("up")
+                  + head("SOME") + premise("flat", "tests") + test("up", "flat gained") + test("up"))
+    gated, held, some = res
+    assert gated.verdict == PREMISE_ABSENT and gated.tests[0].verdict == PREMISE_ABSENT
+    assert gated.tests[0].measured == REPRODUCED and gated.key is gated.premises[0].outcome
+    assert "premise 'flat gained' not found" in study.why(gated)
+    assert held.verdict == REPRODUCED and held.premises[0].holds
+    assert some.tests[0].verdict == PREMISE_ABSENT and some.tests[1].verdict == REPRODUCED and some.verdict == REPRODUCED
+    with pytest.raises(ConfigError, match="requires 'nothing'"):
+        load_claims(write_claims(tmp_path / "c.toml", data, head("X") + premise("up", "tests") + test("up", "nothing")))

@@ -49,7 +49,9 @@ from evolm.report.read import ANALYSIS_KINDS, Reader, Sources, gather
 from evolm.report.sections import analysis_sections, budget_section, configured_match, cost_section, probe_section
 from evolm.report.study import (BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, CONTRADICTED, FAMILY_RESAMPLES, INCONCLUSIVE, LEVEL,
                                 NOT_RUN, REPRODUCED, ClaimOutcome, ClaimsFile, bootstrap_curve, bootstrap_interval,
-                                describe, evaluate_claims, files_of, load_claims, task_report)
+                                VERDICTS, describe, evaluate_claims, exact_proportion_interval, files_of, load_claims,
+                                pooled_problems, task_report)
+from evolm.report.study.stats import is_binary
 from evolm.report.sweeps import sweep_sections
 from evolm.runs import atomic_write_json, atomic_write_text
 
@@ -112,24 +114,23 @@ def intro_section(claims: ClaimsFile, src: Sources, data: Path) -> Section:
 
 
 def verdict_section(outcomes: list[ClaimOutcome]) -> Section:
-    counts = {v: sum(o.verdict == v for o in outcomes) for v in (REPRODUCED, CONTRADICTED, INCONCLUSIVE, NOT_RUN)}
+    counts = {v: sum(o.verdict == v for o in outcomes) for v in VERDICTS}
     method = (f"Each test in the measured column gives the mean per-problem difference (change: after − before; compare: "
-              f"b − a) with its {LEVEL:.0%} paired-bootstrap interval over problems ({BOOTSTRAP_RESAMPLES} resamples, "
-              f"seed {BOOTSTRAP_SEED}), or an analysis's value with its own interval (localisation: the exact interval "
-              "of a top-k enrichment; drift: the permutation null's interval of a share-of-‖Δ‖² enrichment; a per-problem "
-              "list such as diversity's coverage per prompt: the bootstrap interval of its mean, paired when one list is "
-              "subtracted from another); plain "
-              "numbers measured on one run's weights are exact. pass@k is the unbiased estimator from each problem's n "
-              "and c, entropy the mean of a problem's samples' token entropy (nats), greedy whether the greedy answer "
-              "is correct. A test is reproduced when its interval excludes 0 (or clears the threshold) in the expected "
-              "direction, contradicted when it does so in the opposite one, inconclusive at this scale otherwise; "
-              "'not down', 'b not less' and 'equal' use a margin of one problem's share (1 / problems). A claim's verdict counts "
-              "its tests except those marked context (reported with the reason they do not bear on the claim as stated): "
-              f"it is reproduced when every counted test is reproduced at {LEVEL:.0%}, contradicted when a counted test is "
-              f"contradicted at the claim's family-wise level 1 − {1 - LEVEL:.2g} / m (Bonferroni over its m counted tests "
-              f"that ran, the same intervals at that level, {FAMILY_RESAMPLES} bootstrap resamples; with a dozen tests, "
-              f"one {LEVEL:.0%} interval on the wrong side of 0 by chance is likely), not run when none ran, inconclusive "
-              "otherwise; a contradicted test shows its family-wise interval.")
+              f"b − a; a problem on several rows of one evaluation is one problem, its rows pooled) with its {LEVEL:.0%} "
+              f"paired-bootstrap interval over problems ({BOOTSTRAP_RESAMPLES} resamples, seed {BOOTSTRAP_SEED}); for a "
+              "metric that is 0 or 1 per problem (greedy, pass@n of n samples) the exact unconditional interval of the "
+              "paired difference with McNemar's exact p; over several seeds of a method, the mean of the seeds' changes "
+              "with each seed's problems resampled on their own; or an analysis's value with its own interval "
+              "(localisation: the exact interval of a top-k enrichment; drift: the permutation null's interval of a "
+              "share-of-‖Δ‖² enrichment; a per-problem list: the bootstrap interval of its mean); plain numbers measured "
+              "on one run's weights are exact. A test is reproduced when its interval excludes 0 (or clears the "
+              "threshold) in the expected direction, contradicted when it does so in the opposite one, inconclusive at "
+              "this scale otherwise; 'not down', 'b not less' and 'equal' are judged against the test's declared margin "
+              "and contradicted only beyond it. A failed premise takes its runs out of the tests (training failed) or "
+              "its claim out of the count (premise absent). A claim's verdict counts its tests except context and gated "
+              f"ones: reproduced when every counted test is reproduced at {LEVEL:.0%}, contradicted when a counted test "
+              f"is contradicted at the claim's family-wise level 1 − {1 - LEVEL:.2g} / m (Bonferroni over its m counted "
+              f"tests, {FAMILY_RESAMPLES} bootstrap resamples), not run when none ran, inconclusive otherwise.")
     summary = f"{len(outcomes)} rows: " + ", ".join(f"{n} {v}" for v, n in counts.items())
     rows = []
     for o in outcomes:
@@ -143,7 +144,7 @@ def verdict_section(outcomes: list[ClaimOutcome]) -> Section:
 
 def passk_matrix(report: dict) -> np.ndarray:
     """Problems × k: each problem's unbiased pass@k for k = 1 .. the smallest n."""
-    problems = report.get("problems") or []
+    problems = pooled_problems(report)
     k_max = min(int(p["n"]) for p in problems)
     return np.array([[pass_at_k_problem(int(p["n"]), int(p["c"]), k) for k in range(1, k_max + 1)] for p in problems])
 
@@ -188,13 +189,14 @@ def passk_sections(outcomes: list[ClaimOutcome], data: Path, read, canvas: Canva
         for file, task in files:
             report = task_report(read(Path(file)), Path(file), task)
             label = _series_label(file, data)
-            greedy = [float(bool(p["greedy_correct"])) for p in report["problems"] if p.get("greedy_correct") is not None]
-            if not all("n" in p and "c" in p for p in report["problems"]):  # greedy only (a re-evaluation without samples)
-                rows.append({"label": label, "file": shown(file), "problems": len(report["problems"]), "n": 0, "pass": {},
-                             "entropy": None, "greedy": _cell(*bootstrap_interval(greedy)) if greedy else None})
+            pooled = pooled_problems(report)
+            greedy = _greedy_cell([p["greedy"] for p in pooled if p["greedy"] is not None])
+            if not all("n" in p for p in pooled):  # greedy only (a re-evaluation without samples)
+                rows.append({"label": label, "file": shown(file), "problems": len(pooled), "n": 0, "pass": {},
+                             "entropy": None, "greedy": greedy})
                 continue
             before = file.endswith("eval_before.json")
-            key = tuple((str(p["id"]), p["n"], p["c"]) for p in report.get("problems") or [])
+            key = tuple((p["id"], p["n"], p["c"]) for p in pooled)
             if before and key in drawn:  # the same base, measured on the same problems with the same seed
                 drawn[key]["label"] += f" = {label}"
                 continue
@@ -205,11 +207,10 @@ def passk_sections(outcomes: list[ClaimOutcome], data: Path, read, canvas: Canva
             color = pick_colour(owner, figure_colours, colours)
             ax.plot(ks, mean, "--" if before else "-", marker="o", ms=3, color=color, label=label)
             ax.fill_between(ks, lo, hi, color=color, alpha=0.15, lw=0)
-            entropy = [v for v in (_mean_entropy(p) for p in report["problems"]) if v is not None]
-            row = {"label": label, "file": shown(file), "problems": len(report["problems"]), "n": len(ks),
+            entropy = [sum(p["entropy"]) / len(p["entropy"]) for p in pooled if p["entropy"]]
+            row = {"label": label, "file": shown(file), "problems": len(pooled), "n": len(ks),
                    "pass": {k: _cell(mean[k - 1], lo[k - 1], hi[k - 1]) for k in ks},
-                   "entropy": _cell(*bootstrap_interval(entropy)) if entropy else None,
-                   "greedy": _cell(*bootstrap_interval(greedy)) if greedy else None}
+                   "entropy": _cell(*bootstrap_interval(entropy)) if entropy else None, "greedy": greedy}
             rows.append(row)
             if before:
                 drawn[key] = row
@@ -230,9 +231,15 @@ def passk_sections(outcomes: list[ClaimOutcome], data: Path, read, canvas: Canva
     return [sec]
 
 
-def _mean_entropy(problem: dict) -> float | None:
-    hs = [float(h) for h in problem.get("entropy") or [] if h is not None]
-    return sum(hs) / len(hs) if hs else None
+def _greedy_cell(values: list[float]) -> str | None:
+    """Greedy accuracy over problems with its 95% interval: exact (Clopper-Pearson) when every problem is right or
+    wrong, else the bootstrap's (a repeated problem whose rows disagree)."""
+    if not values:
+        return None
+    if is_binary(values):
+        lo, hi = exact_proportion_interval(int(sum(values)), len(values))
+        return _cell(sum(values) / len(values), lo, hi)
+    return _cell(*bootstrap_interval(values))
 
 
 def _inputs(outcomes: list[ClaimOutcome], data: Path) -> tuple[list[Path], list[Path], list[Path]]:
