@@ -69,11 +69,167 @@ def test_cuda_actors_need_a_gpu_reservation():
         config.from_dict(config.ESJob, {}, ok)
 
 
-def test_vllm_inside_ray_actors_is_refused_until_the_actors_perturb_their_engines():
-    """The silent combination: each actor perturbed its HF copy while its vLLM engine scored the base weights."""
-    with pytest.raises(config.ConfigError, match=r"generation.backend='vllm' with distributed.workers=2 is not supported"):
-        config.from_dict(config.ESJob, {}, ["distributed.workers=2", "generation.backend='vllm'"])
-    config.from_dict(config.ESJob, {}, ["distributed.workers=1", "generation.backend='vllm'"])  # one process: perturbs its engine
+def test_vllm_inside_ray_actors_is_accepted_and_layouts_that_cannot_work_are_refused():
+    """vLLM actors perturb their own engines (tests/test_vllm_ray.py); what cannot work is one line."""
+    pytest.importorskip("ray")
+    ray_vllm = ["distributed.workers=2", "generation.backend='vllm'"]
+    config.from_dict(config.ESJob, {}, ray_vllm)
+    config.from_dict(config.ESJob, {}, ["distributed.workers=1", "generation.backend='vllm'"])  # one process, one engine
+    with pytest.raises(config.ConfigError, match=r"generation.eval_backend='same' with generation.backend='vllm' and "
+                                                 r"distributed.workers=2: .*set generation.eval_backend='hf'"):
+        config.from_dict(config.ESJob, {}, ray_vllm + ["generation.eval_backend='same'"])
+    with pytest.raises(config.ConfigError, match=r"model.device='cuda' .* GPU 0 beside the actors' engines; set model.device='cpu'"):
+        config.from_dict(config.ESJob, {}, ray_vllm + ["model.device='cuda'", "distributed.gpus=1"])
+    with pytest.raises(config.ConfigError, match=r"distributed.gpus=0.5 puts 2 vLLM engines on one GPU, each asking "
+                                                 r"generation.vllm_gpu_memory_utilization=0.9 .*at most 0.5"):
+        config.from_dict(config.ESJob, {}, ray_vllm + ["distributed.gpus=0.5"])
+    config.from_dict(config.ESJob, {}, ray_vllm + ["distributed.gpus=0.5", "generation.vllm_gpu_memory_utilization=0.45"])
+    config.from_dict(config.ESJob, {}, ray_vllm + ["distributed.gpus=1"])
+    with pytest.raises(config.ConfigError, match=r"es.perturbation='lowrank'"):  # low-rank with Ray stays refused
+        config.from_dict(config.ESJob, {}, ["distributed.workers=2", "es.perturbation='lowrank'"])
+
+
+@pytest.mark.parametrize("value", ["0", "1.5", "-0.1"])
+def test_vllm_gpu_memory_utilization_is_a_fraction(value):
+    with pytest.raises(config.ConfigError, match=r"generation.vllm_gpu_memory_utilization must be in \(0, 1\]"):
+        config.from_dict(config.ESJob, {}, [f"generation.vllm_gpu_memory_utilization={value}"])
+    assert "generation.vllm_gpu_memory_utilization" in config.RESUME_MAY_CHANGE  # how the run executes, not what it computes
+
+
+def test_vllm_engine_options_carry_the_gpu_memory_fraction():
+    from evolm.backends import engine_options
+
+    cfg = config.from_dict(config.ESJob, {}, ["generation.vllm_gpu_memory_utilization=0.4", "generation.vllm_kv_cache_gb=2"])
+    assert engine_options(cfg)["gpu_memory_utilization"] == 0.4 and engine_options(cfg)["kv_cache_gb"] == 2
+
+
+def test_the_driver_of_vllm_actors_starts_no_engine(tiny_model, tokenizer, monkeypatch):
+    """With vLLM actors the driver only mirrors updates and measures: HF for training-side calls and held-out."""
+    pytest.importorskip("ray")
+    import evolm.backends.vllm as vllm_backend
+    from evolm.backends import actors_generate, make_generators
+    from evolm.backends.hf import HFGenerator
+    from evolm.es.engine import build_paramset
+    from evolm.es.params import ParamSet
+
+    def no_engine(*a, **k):
+        raise AssertionError("the driver started a vLLM engine")
+
+    monkeypatch.setattr(vllm_backend.VLLMGenerator, "__init__", no_engine)
+    cfg = config.from_dict(config.ESJob, {}, ["distributed.workers=2", "generation.backend='vllm'"])
+    assert actors_generate(cfg)
+    train, heldout = make_generators(cfg, tiny_model, tokenizer)
+    assert train is heldout and isinstance(train, HFGenerator)
+    assert type(build_paramset(tiny_model, cfg, None, train)) is ParamSet  # the driver's plain mirror
+    local = config.from_dict(config.ESJob, {}, ["generation.backend='vllm'"])
+    assert not actors_generate(local)
+    with pytest.raises(AssertionError, match="started a vLLM engine"):  # a local vLLM run does start one
+        make_generators(local, tiny_model, tokenizer)
+
+
+def test_gpu_capacity_and_a_private_instance_without_the_gpus_is_refused_before_anything_loads(tmp_path, monkeypatch):
+    from evolm.errors import UserError
+    from evolm.es.ray_population import check_local_gpus, gpu_capacity
+
+    assert [gpu_capacity(g, 1) for g in (0, 1, 2, 8)] == [0, 1, 2, 8]
+    assert gpu_capacity(1, 0.5) == 2 and gpu_capacity(2, 0.3) == 6 and gpu_capacity(4, 2) == 2 and gpu_capacity(3, 2) == 1
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    cfg = config.from_dict(config.ESJob, {}, ["distributed.workers=2", "distributed.gpus=1", f"run.out_dir='{tmp_path}'",
+                                              "run.name='r'"])
+    with pytest.raises(UserError, match=r"distributed.workers=2 actors x distributed.gpus=1 GPU need more GPUs than this "
+                                        r"machine's 0 \(room for 0 actors\); set distributed.workers <= 0"):
+        check_local_gpus(cfg)
+    check_local_gpus(config.from_dict(config.ESJob, {}, ["distributed.workers=2", "distributed.gpus=1",
+                                                         "distributed.address='auto'"]))  # a cluster: counted once joined
+    from evolm.jobs import run_es
+
+    with pytest.raises(UserError, match="need more GPUs"):
+        run_es(cfg, quiet=True)
+    assert not (tmp_path / "r").exists()  # refused before the model loads or the run directory exists
+
+
+def test_a_ray_population_refuses_gpus_its_own_instance_lacks_and_warns_on_a_joined_cluster():
+    from types import SimpleNamespace
+
+    from evolm.es.ray_population import DistributedError, RayPopulation
+
+    population = RayPopulation.__new__(RayPopulation)  # only _check_gpus: Ray's resource count stubbed
+    population.ray = SimpleNamespace(cluster_resources=lambda: {"CPU": 2.0, "GPU": 1.0})
+    said = []
+    population.say = said.append
+    dist = config.from_dict(config.ESJob, {}, ["distributed.workers=2", "distributed.gpus=1"]).distributed
+    population._owns_ray = True
+    with pytest.raises(DistributedError, match=r"need more GPUs than the 1 Ray sees \(room for 1 actors\); "
+                                               r"set distributed.workers <= 1"):
+        population._check_gpus(dist)
+    population._owns_ray = False  # a cluster it joined may grow: said, not refused
+    population._check_gpus(dist)
+    assert len(said) == 1 and "warning" in said[0]
+    dist.gpus = 0.5  # two actors share the one GPU
+    population._check_gpus(dist)
+    assert len(said) == 1
+
+
+def test_checksums_cover_masters_and_generation_weights(tokenizer):
+    from conftest import make_tiny_model
+
+    from evolm.es.engine import build_paramset
+    from evolm.es.ray_population import checksum_names, weights_checksum
+
+    cfg = config.from_dict(config.ESJob, {}, ["model.dtype='bfloat16'"])
+    params = build_paramset(make_tiny_model(tokenizer).to(torch.bfloat16), cfg)
+    assert params.masters is not None
+    sums, names = weights_checksum(params), checksum_names(params)
+    assert len(sums) == len(names) == 2 * len(params.names) and names[0].endswith("(float32 master)")
+    with torch.no_grad():
+        params.tensors[0].add_(1)  # the bf16 weights generation reads, apart from the masters
+    assert weights_checksum(params)[len(params.names)] != sums[len(params.names)]
+
+    class Engine:  # a ParamSet that lives in an engine reports the engine's own checksums
+        masters, names = None, ["a"]
+
+        def engine_crc32(self):
+            return [7]
+
+    assert weights_checksum(Engine()) == [7]
+
+
+def test_a_replica_builds_its_generator_first_and_perturbs_through_it(tmp_path, tokenizer, vowel_task, monkeypatch):
+    """The wiring of a vLLM actor without vLLM: the generator comes first, build_paramset attaches the
+    ParamSet to it, and the actor reports the checksums the generator's side computes."""
+    from conftest import make_tiny_model
+
+    from evolm.backends.hf import HFGenerator
+    from evolm.es import ray_population
+    from evolm.es.ray_population import Replica, ReplicaRecipe
+
+    spec = tmp_path / "model"
+    make_tiny_model(tokenizer).save_pretrained(spec)
+    tokenizer.save_pretrained(spec)
+    events = []
+
+    class Engine(HFGenerator):  # stands in for VLLMGenerator: its own copy of the weights, attach_paramset
+        def attach_paramset(self, local):
+            events.append("attach")
+            local.engine_crc32 = lambda: [len(events)] * len(local.names)
+            return local
+
+        def close(self):
+            events.append("close")
+
+    def make(backend, model, tok, batch_size=32, prefix_cache=True, **engine):
+        events.append(("generator", backend, engine["threads"], engine["gpu_memory_utilization"]))
+        return Engine(model, tok, batch_size=batch_size)
+
+    monkeypatch.setattr(ray_population, "make_generator", make)
+    monkeypatch.setattr(ray_population, "_check_engine_device", lambda cfg: None)
+    cfg = config.from_dict(config.ESJob, {}, [f"model.spec='{spec}'", "generation.backend='vllm'", "model.threads=1"])
+    replica = Replica(ReplicaRecipe(cfg=cfg, spec=str(spec), checkpoint=None, header=None, task=vowel_task, threads=1,
+                                    replay=[(0, [1.0], 1e-3)]))
+    assert events == [("generator", "vllm", 1, 0.9), "attach"]
+    assert replica.ready()["checksum"] == [2] * len(replica.population.params.names)
+    replica.close()
+    assert events[-1] == "close"
 
 
 def test_workers_without_ray_installed_is_a_one_line_config_error(monkeypatch):

@@ -196,6 +196,8 @@ class GenerationConfig:
     """vllm: longest prompt + completion in tokens the engine accepts."""
     vllm_enforce_eager: bool = False
     """vllm: run the model eagerly instead of torch.compile'd (the engine starts in ~1 min instead of ~2-4 min on this project's CPU)."""
+    vllm_gpu_memory_utilization: float = 0.9
+    """vllm on CUDA: fraction of the GPU's memory one engine may take (vLLM's gpu_memory_utilization; the KV cache's size stays vllm_kv_cache_gb); Ray actors sharing a GPU (distributed.gpus < 1) need at most their share. Ignored on CPU."""
 
     def validate(self, p: str) -> None:
         require(self.batch_size >= 1, f"{p}.batch_size must be >= 1 (got {self.batch_size})")
@@ -205,6 +207,8 @@ class GenerationConfig:
         require(0 < self.top_p <= 1, f"{p}.top_p must be in (0, 1] (got {self.top_p})")
         require(self.vllm_kv_cache_gb > 0, f"{p}.vllm_kv_cache_gb must be > 0 (got {self.vllm_kv_cache_gb})")
         require(self.vllm_max_model_len >= 16, f"{p}.vllm_max_model_len must be >= 16 (got {self.vllm_max_model_len})")
+        require(0 < self.vllm_gpu_memory_utilization <= 1,
+                f"{p}.vllm_gpu_memory_utilization must be in (0, 1] (got {self.vllm_gpu_memory_utilization})")
 
 
 @dataclass
@@ -312,7 +316,7 @@ class DistributedConfig:
     threads: int = 0
     """CPU threads per actor: its Ray CPU reservation and its torch thread count (0: model.threads). Results match a local run bit for bit when this equals model.threads."""
     gpus: float = 0.0
-    """GPUs Ray reserves per actor (a fraction shares one GPU); needed with model.device = "cuda", where each actor uses the GPU Ray assigns it."""
+    """GPUs Ray reserves per actor (a fraction shares one GPU); needed with model.device = "cuda", where each actor uses the GPU Ray assigns it, and for vLLM actors on CUDA, whose engines take it (their models and the driver's stay on the CPU)."""
     max_restarts: int = 3
     """Replacement actors started over the whole run for actors that die (their unfinished members are rescored); past that a dead actor is dropped and the rest carry on."""
 
@@ -396,14 +400,24 @@ class ESJob:
         if d.workers >= 2:
             require(_importable("ray"), f"distributed.workers={d.workers} needs Ray: pip install 'evolm[distributed]' "
                                         "(or set distributed.workers=0 to score in this process)")
+        g = self.generation
+        if d.workers >= 2 and g.backend == "vllm":  # every actor perturbs inside its own engine; the driver holds none
+            ray_vllm = f"generation.backend='vllm' and distributed.workers={d.workers}"
+            require(g.eval_backend == "hf",
+                    f"generation.eval_backend='same' with {ray_vllm}: the vLLM engines live in the actors, the driver "
+                    "holds none; set generation.eval_backend='hf' (held-out evaluation and probes on the driver's HF copy)")
+            require(not self.model.device.startswith("cuda"),
+                    f"model.device='{self.model.device}' with {ray_vllm} puts the driver's model on GPU 0 beside the "
+                    "actors' engines; set model.device='cpu' (the driver's HF copy only evaluates and saves; each actor's "
+                    "engine takes the GPU distributed.gpus reserves for it)")
+            if 0 < d.gpus < 1:  # Ray packs floor(1 / gpus) actors onto one GPU; vLLM checks its share at start-up
+                require(g.vllm_gpu_memory_utilization <= d.gpus,
+                        f"distributed.gpus={d.gpus:g} puts {math.floor(1 / d.gpus + 1e-9)} vLLM engines on one GPU, each "
+                        f"asking generation.vllm_gpu_memory_utilization={g.vllm_gpu_memory_utilization:g} of its memory; "
+                        f"set it to at most {d.gpus:g}")
         if d.workers >= 2 and self.model.device.startswith("cuda"):
             require(d.gpus > 0, "model.device is cuda but distributed.gpus is 0: set distributed.gpus (e.g. 1) "
                                 "so Ray gives every actor a GPU")
-        if d.workers >= 2:  # each actor builds a ParamSet on its HF copy: a vLLM engine there would never see it
-            require(self.generation.backend == "hf",
-                    f"generation.backend='{self.generation.backend}' with distributed.workers={d.workers} is not supported yet "
-                    "(the actors' engines would score the unperturbed weights); set distributed.workers=0 to perturb "
-                    "inside one vLLM engine, or generation.backend='hf' for a Ray population")
         if self.es.perturbation == "lowrank":
             require(self.generation.backend == "hf",
                     f"es.perturbation='lowrank' scores members in batched forward passes of the hf backend; "
@@ -593,7 +607,8 @@ RESUME_MAY_CHANGE = ("run.name", "run.out_dir", "run.checkpoint_every", "run.kee
                      "eval.before_after", "probe.every", "run.save", "run.save_dtype", "run.report_to",
                      "run.tracker_project", "run.wandb_mode", "distributed.workers", "distributed.address",
                      "distributed.threads", "distributed.gpus", "distributed.max_restarts",
-                     "generation.vllm_kv_cache_gb", "generation.vllm_max_model_len", "generation.vllm_enforce_eager")
+                     "generation.vllm_kv_cache_gb", "generation.vllm_max_model_len", "generation.vllm_enforce_eager",
+                     "generation.vllm_gpu_memory_utilization")
 """Fields ``--resume`` may change besides a job's budget: where, how often and in what dtype the run saves,
 where its metrics go, how it runs (threads, device, generation batch, Ray workers, vLLM engine sizes; a
 Ray population is bit-identical to a local one), whether it still measures. Every other field describes how the

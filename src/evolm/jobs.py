@@ -395,6 +395,7 @@ def run_es(cfg, resume=None, *, model=None, tokenizer=None, task: Task | None = 
     """
     say = say_for(quiet)
     config_mod.validate(cfg)
+    ray_population.check_local_gpus(cfg)  # GPUs a private Ray instance cannot give: refused before anything loads
     if resume is not None:
         resume = resume if isinstance(resume, RunDir) else RunDir.open(resume)
         if resume_point(cfg, es_engine.METHOD, resume, ES_RESUME).done:  # before loading anything
@@ -405,7 +406,8 @@ def run_es(cfg, resume=None, *, model=None, tokenizer=None, task: Task | None = 
     check_measurements(cfg, comps.task, probe_given=probe is not None)
     header = es_engine.seed_log_header(resume.seed_log()) if resume is not None else None
     # refuses a selection that matches nothing, or a config that is not the resumed run's, before any file changes
-    # a vLLM generator wraps the ParamSet so that members are perturbed inside its engine
+    # a vLLM generator wraps the ParamSet so that members are perturbed inside its engine; with vLLM actors
+    # (backends.actors_generate) the driver's generator is HF and each actor wraps its own engine's
     params = es_engine.build_paramset(comps.model, cfg, header, comps.generator)
     run, start = open_run(cfg, es_engine.METHOD, resume=resume, run_dir=run_dir, rules=ES_RESUME, say=say,
                           model=comps.model, injected=model is not None)

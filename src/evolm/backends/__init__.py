@@ -24,7 +24,15 @@ def engine_options(cfg) -> dict:
     """The vLLM engine's options from a job config (``[model]`` threads, ``[generation]`` vllm_*, the run seed)."""
     g = cfg.generation
     return {"threads": cfg.model.threads, "kv_cache_gb": g.vllm_kv_cache_gb, "max_model_len": g.vllm_max_model_len,
-            "enforce_eager": g.vllm_enforce_eager, "seed": cfg.run.seed}
+            "enforce_eager": g.vllm_enforce_eager, "gpu_memory_utilization": g.vllm_gpu_memory_utilization,
+            "seed": cfg.run.seed}
+
+
+def actors_generate(cfg) -> bool:
+    """Whether a Ray population of vLLM actors scores the members (``generation.backend = "vllm"`` with
+    ``distributed.workers >= 2``): each actor perturbs inside its own engine, and the driver, which only
+    mirrors the updates and measures, holds no engine (``make_generators``)."""
+    return cfg.generation.backend == "vllm" and cfg.distributed.workers >= 2
 
 
 def heldout_backend(cfg) -> str:
@@ -34,8 +42,15 @@ def heldout_backend(cfg) -> str:
 
 
 def make_generators(cfg, model, tokenizer) -> tuple[Generator, Generator]:
-    """``(training generator, held-out generator)`` for a job config (the same object when both use one backend)."""
+    """``(training generator, held-out generator)`` for a job config (the same object when both use one backend).
+
+    With vLLM actors (``actors_generate``) both are the HF backend (``eval_backend = "same"`` is refused
+    at validation): the members are scored in the actors' engines, so the driver starts no
+    engine of its own; its HF copy takes the updates, held-out evaluation, probes and the centre's score."""
     g = cfg.generation
+    if actors_generate(cfg):
+        driver = make_generator("hf", model, tokenizer, g.batch_size, g.prefix_cache)
+        return driver, driver
     train = make_generator(g.backend, model, tokenizer, g.batch_size, g.prefix_cache, **engine_options(cfg))
     if heldout_backend(cfg) == g.backend:
         return train, train
@@ -48,5 +63,5 @@ def make_heldout_generator(cfg, model, tokenizer) -> Generator:
     return make_generator(heldout_backend(cfg), model, tokenizer, g.batch_size, g.prefix_cache, **engine_options(cfg))
 
 
-__all__ = ["Completion", "Generator", "SamplingParams", "engine_options", "heldout_backend", "make_generator",
+__all__ = ["Completion", "Generator", "SamplingParams", "actors_generate", "engine_options", "heldout_backend", "make_generator",
            "make_generators", "make_heldout_generator"]

@@ -56,6 +56,16 @@ def checksum(tensor: torch.Tensor) -> int:
     return int(tensor.contiguous().view(_INT_VIEW[tensor.dtype]).sum(dtype=torch.int64))
 
 
+def crc32(tensor: torch.Tensor) -> int:
+    """CRC-32 of a tensor's bytes (what a Ray population's replicas report, ``ray_population.weights_checksum``)."""
+    import zlib
+
+    t = tensor.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    return zlib.crc32(t.contiguous().view(torch.uint8).numpy())
+
+
 def digest(tensor: torch.Tensor) -> str:
     """SHA-256 of a tensor's bytes."""
     return hashlib.sha256(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
@@ -80,7 +90,7 @@ class VLLMGenerator(Generator):
     """Generation on ``vllm.LLM``; ES perturbation inside its workers (``attach_paramset``)."""
 
     def __init__(self, model, tokenizer, *, threads: int = 1, kv_cache_gb: float = 1.0, enforce_eager: bool = False,
-                 max_model_len: int = 2048, seed: int = 0, quiet: bool = True):
+                 max_model_len: int = 2048, gpu_memory_utilization: float = 0.9, seed: int = 0, quiet: bool = True):
         from evolm.errors import UserError
 
         if not vllm_available():
@@ -105,7 +115,8 @@ class VLLMGenerator(Generator):
         from vllm.platforms import current_platform
 
         self.on_cpu = current_platform.is_cpu()
-        extra = {"worker_cls": f"{WORKER}.LiveWeightsCPUWorker", "block_size": 32} if self.on_cpu else {}
+        extra = ({"worker_cls": f"{WORKER}.LiveWeightsCPUWorker", "block_size": 32} if self.on_cpu
+                 else {"gpu_memory_utilization": gpu_memory_utilization})
         dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
         self.llm = LLM(model=str(self.workdir / "model"), tokenizer=str(self.workdir / "model"), dtype=dtype, seed=seed,
                        enforce_eager=enforce_eager, max_model_len=max_model_len, enable_prefix_caching=True,
@@ -309,3 +320,12 @@ class EngineParamSet:
     def checksums(self) -> dict[str, int]:
         """The engine's per-tensor checksums (HF names)."""
         return self.generator.rpc("es_checksums")[0]
+
+    def engine_crc32(self) -> list[int]:
+        """CRC-32 of every selected tensor as the engine holds it (its float32 masters first when kept,
+        then the live weights it generates from), in ParamSet order, computed inside the worker: what a
+        Ray actor reports, so the driver checks the engine's weights, not the actor's HF mirror."""
+        sums = self.generator.rpc("es_crc32")
+        if any(s != sums[0] for s in sums[1:]):
+            raise RuntimeError(f"the vLLM workers hold different weights (CRC-32 per tensor differ between {len(sums)} workers)")
+        return sums[0]

@@ -2,9 +2,9 @@
 
 ``RayPopulation`` implements the engine's population calls (``score``, ``apply_update``, plus
 ``checkpointed`` and ``close``) over K actors. Each actor (``Replica``) is a ``LocalPopulation`` in its
-own process: it loads the model from the run's spec (or checkpoint), builds its ``ParamSet`` with the
-engine's ``build_paramset`` (from the run's seed-log header on resume) and its ``Generator`` with
-``backends.make_generator`` from ``[generation]``, as ``jobs.build_components`` does, and scores one
+own process: it loads the model from the run's spec (or checkpoint), builds its ``Generator`` with
+``backends.make_generator`` from ``[generation]`` and then its ``ParamSet`` with the engine's
+``build_paramset`` (from the run's seed-log header on resume), as ``jobs.run_es`` does, and scores one
 member per call. ``jobs.run_es`` hands ``factory(...)`` to ``engine.train`` when
 ``distributed.workers >= 2`` (this module sits beside ``population`` and ``engine`` and imports them,
 never the other way round).
@@ -26,9 +26,20 @@ Design decisions:
   and the driver's copy is the reference the actors are checked against. Cost: one more update per
   iteration and one model's memory in the driver (for SmolLM2-135M on CPU ~1 s and ~0.7 GB).
 - **Replicas stay bit-identical, checked.** After loading and after every applied update each actor
-  returns a CRC-32 per selected tensor (of the float32 masters when generation runs in lower
-  precision): ~0.3 s per 134M parameters. Any difference from the driver's own checksums stops the
-  run with a one-line ``DistributedError`` naming the actor and the first differing tensor.
+  returns a CRC-32 per selected tensor (the float32 masters first when generation runs in lower
+  precision, then the weights generation reads): ~0.3 s per 134M parameters. Any difference from the
+  driver's own checksums stops the run with a one-line ``DistributedError`` naming the actor and the
+  first differing tensor.
+- **vLLM actors** (``generation.backend = "vllm"``, ``backends.actors_generate``). Each actor starts
+  its own engine from its HF copy and ``build_paramset`` wraps the ParamSet into it
+  (``EngineParamSet``), so a member is perturbed inside the engine that generates it, exactly as in a
+  single-process vLLM run; the checksums the actor reports are computed inside the engine's worker on
+  the engine's own tensors (``EngineParamSet.engine_crc32``), not on the actor's HF mirror. The
+  driver starts no engine (``backends.make_generators``): its HF copy mirrors the updates and runs
+  held-out evaluation and probes (``generation.eval_backend = "hf"``; ``"same"`` is refused). On CUDA
+  each engine takes the GPU(s) Ray reserves (``distributed.gpus``) and the driver's model stays on the
+  CPU (``model.device = "cuda"`` is refused so the driver cannot take GPU 0). ``close`` asks every
+  actor to shut its generator down (an engine's processes) before killing it.
 - **Same arithmetic everywhere.** Actors use the driver's torch thread count (``distributed.threads``,
   default ``model.threads``) and its ``EVOLM_FUSED`` choice; the driver builds the fused CPU kernel
   (``evolm.es.fused``) before any actor starts, so actors on its machine only load it (the kernel and
@@ -53,6 +64,8 @@ Design decisions:
   ``workers x threads`` CPUs; a small object store, since only scalars and prompts travel; actors at the
   driver's priority, ``WORKER_NICENESS``) and shuts it down on ``close``; ``"auto"``, ``"ray://..."`` or ``HOST:PORT`` join an existing cluster. A Ray
   already initialised in the process (a notebook, a test fixture) is used as it is and left running.
+  GPUs a private instance does not have are refused in one line before anything loads
+  (``check_local_gpus``) and again once connected; joining a cluster that has too few says so.
 """
 
 from __future__ import annotations
@@ -64,7 +77,6 @@ import re
 import shutil
 import socket
 import time
-import zlib
 from collections import deque
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -73,7 +85,8 @@ from typing import Any, Callable
 import torch
 
 from evolm import models
-from evolm.backends import make_generator
+from evolm.backends import engine_options, make_generator
+from evolm.backends.vllm import crc32
 from evolm.errors import UserError
 from evolm.es import fused
 from evolm.es.engine import load_masters, save_masters, build_paramset, float32_model
@@ -90,6 +103,10 @@ scoring, with the CPU the other jobs did not want (measured here: ~5% of a core 
 processes); an existing cluster keeps its own setting."""
 
 
+CLOSE_SECONDS = 60.0
+"""How long ``RayPopulation.close`` waits for the actors to close their generators before killing them."""
+
+
 class DistributedError(UserError):
     """The Ray population cannot go on (replicas diverged, every actor died, Ray unreachable); one line."""
 
@@ -97,15 +114,43 @@ class DistributedError(UserError):
 # -- pure helpers -----------------------------------------------------------------------------------
 
 def weights_checksum(params) -> list[int]:
-    """CRC-32 of the bytes of every selected tensor (the float32 masters when kept), in ``params`` order."""
-    tensors = params.masters if params.masters is not None else params.tensors
-    out = []
-    for t in tensors:
-        t = t.detach()
-        if t.device.type != "cpu":
-            t = t.cpu()
-        out.append(zlib.crc32(t.contiguous().view(torch.uint8).numpy()))
-    return out
+    """CRC-32 of the bytes of every selected tensor in ``params`` order: the float32 masters first when
+    kept, then the weights generation reads. A replica whose ``ParamSet`` lives in a vLLM engine
+    (``EngineParamSet``) reports the engine's own tensors, computed inside its worker (``es_crc32``)."""
+    engine = getattr(params, "engine_crc32", None)
+    if engine is not None:
+        return engine()
+    return [crc32(t) for t in (params.masters or [])] + [crc32(t) for t in params.tensors]
+
+
+def checksum_names(params) -> list[str]:
+    """The tensor each entry of ``weights_checksum`` covers."""
+    masters = [f"{n} (float32 master)" for n in params.names] if params.masters is not None else []
+    return masters + list(params.names)
+
+
+def gpu_capacity(gpus: float, per_actor: float) -> int:
+    """How many actors reserving ``per_actor`` GPUs each fit on ``gpus`` whole GPUs (a fraction below 1
+    packs ``floor(1 / per_actor)`` actors onto one GPU; Ray never splits an actor across GPUs)."""
+    whole = math.floor(gpus + 1e-9)
+    if per_actor < 1:
+        return whole * math.floor(1 / per_actor + 1e-9)
+    return math.floor(whole / math.ceil(per_actor - 1e-9))
+
+
+def check_local_gpus(cfg) -> None:
+    """Before anything loads: a private Ray instance (``distributed.address = ""``) has this machine's
+    GPUs, so actors that cannot all get theirs are refused in one line (``RayPopulation`` checks Ray's
+    own count again once connected, and warns for a cluster it joins)."""
+    d = cfg.distributed
+    if d.workers < 2 or not d.gpus or d.address.strip():
+        return
+    have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    fit = gpu_capacity(have, d.gpus)
+    if fit < d.workers:
+        raise UserError(f"distributed.workers={d.workers} actors x distributed.gpus={d.gpus:g} GPU need more GPUs than "
+                        f"this machine's {have} (room for {fit} actors); set distributed.workers <= {fit}, or a smaller "
+                        "distributed.gpus to share a GPU (0.5: two actors per GPU)")
 
 
 def first_mismatch(names: list[str], expected: list[int], got: list[int]) -> str | None:
@@ -158,7 +203,12 @@ class ReplicaRecipe:
 
 
 class Replica:
-    """One actor's state: a model replica behind a ``LocalPopulation``. Plain class; Ray wraps it."""
+    """One actor's state: a model replica behind a ``LocalPopulation``. Plain class; Ray wraps it.
+
+    The generator is built first, then the ParamSet through ``build_paramset(..., generator)``, as in
+    ``jobs.run_es``: with ``generation.backend = "vllm"`` the actor starts its own engine from its HF
+    copy (at the checkpoint's weights) and the ParamSet wraps into the engine's (``attach_paramset``),
+    so members are perturbed where they are generated, and the checksums it reports are the engine's."""
 
     def __init__(self, recipe: ReplicaRecipe):
         t0 = time.perf_counter()
@@ -166,19 +216,29 @@ class Replica:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         torch.set_num_threads(recipe.threads)
         cfg = recipe.cfg
+        g = cfg.generation
+        if g.backend == "vllm":
+            _check_engine_device(cfg)
         model, tokenizer = models.load(recipe.spec, dtype=cfg.model.dtype, threads=recipe.threads, device=cfg.model.device,
                                        revision=cfg.model.revision if recipe.spec == cfg.model.spec else "",
                                        trust_remote_code=cfg.model.trust_remote_code)
         if recipe.checkpoint:
             load_weights(model, Path(recipe.checkpoint))
-        params = build_paramset(model, cfg, recipe.header)
-        if recipe.checkpoint:
-            load_masters(params, Path(recipe.checkpoint), model)
-        for iteration, coefficients, scale in recipe.replay:
-            params.apply_update(iteration, coefficients, scale)
-        generator = make_generator(cfg.generation.backend, model, tokenizer, cfg.generation.batch_size,
-                                   cfg.generation.prefix_cache)
-        generator.sync_weights()
+        # a vLLM engine starts from these weights, with the actor's thread count
+        generator = make_generator(g.backend, model, tokenizer, g.batch_size, g.prefix_cache,
+                                   **{**engine_options(cfg), "threads": recipe.threads})
+        self.generator = generator
+        try:
+            params = build_paramset(model, cfg, recipe.header, generator)  # vLLM: perturbs inside the engine
+            if recipe.checkpoint:
+                load_masters(params, Path(recipe.checkpoint), model)
+            generator.sync_weights()  # masters loaded into the HF copy reach the engine
+            for iteration, coefficients, scale in recipe.replay:
+                params.apply_update(iteration, coefficients, scale)
+            generator.sync_weights()
+        except BaseException:
+            generator.close()
+            raise
         self.population = LocalPopulation(params, generator, recipe.task)
         self.fused = cfg.model.device == "cpu" and fused.kernel() is not None
         self.seconds_start = time.perf_counter() - t0
@@ -196,6 +256,21 @@ class Replica:
     def apply_update(self, iteration: int, coefficients: list[float], scale: float) -> list[int]:
         self.population.apply_update(iteration, Update(coefficients, scale, "applied"))
         return weights_checksum(self.population.params)
+
+    def close(self) -> None:
+        """Release the generator (a vLLM engine's processes) before the actor is killed."""
+        self.generator.close()
+
+
+def _check_engine_device(cfg) -> None:
+    """A CUDA build of vLLM needs the GPU Ray reserves for the actor (``distributed.gpus``); one line if none."""
+    if cfg.distributed.gpus > 0 or torch.cuda.is_available():
+        return
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        raise UserError("generation.backend='vllm' in a Ray actor: this vLLM build generates on GPUs but "
+                        "distributed.gpus is 0, so Ray gave the actor none; set distributed.gpus=1 (one engine per GPU)")
 
 
 # -- the driver's side ------------------------------------------------------------------------------
@@ -246,6 +321,7 @@ class RayPopulation:
         self._died = (RayActorError, OutOfMemoryError)  # OutOfMemoryError: Ray's memory monitor killed the worker
         threads = dist.threads or cfg.model.threads
         self._owns_ray = _connect(self.ray, dist.address.strip(), dist.workers * threads)
+        self._names = checksum_names(params)
         uses_fused = cfg.model.device == "cpu" and fused.kernel() is not None  # built here, before any actor
         self._recipe = ReplicaRecipe(cfg=cfg, spec=spec, checkpoint=checkpoint, header=header, task=task, threads=threads,
                                      fused=uses_fused)
@@ -262,6 +338,7 @@ class RayPopulation:
         t0 = time.perf_counter()
         self._initial = True
         try:
+            self._check_gpus(dist)
             for _ in range(dist.workers):
                 self._start()
             self._settle_starting()
@@ -272,6 +349,23 @@ class RayPopulation:
         where = dist.address.strip() or "a private local Ray instance"
         say(f"[evolm] Ray population: {len(self._actors)} actors x {threads} thread(s)"
             + (f" x {dist.gpus:g} GPU" if dist.gpus else "") + f" on {where}, ready in {time.perf_counter() - t0:.1f} s")
+
+    def _check_gpus(self, dist) -> None:
+        """Refuse GPUs the cluster does not have (Ray would leave the actors pending for ever): one line
+        from a private instance (its count is this machine's), a warning when joining a cluster (which
+        may grow)."""
+        if not dist.gpus:
+            return
+        have = float(self.ray.cluster_resources().get("GPU", 0))
+        fit = gpu_capacity(have, dist.gpus)
+        if fit >= dist.workers:
+            return
+        message = (f"distributed.workers={dist.workers} actors x distributed.gpus={dist.gpus:g} GPU need more GPUs than "
+                   f"the {have:g} Ray sees (room for {fit} actors)")
+        if self._owns_ray:
+            raise DistributedError(f"{message}; set distributed.workers <= {fit}, or a smaller distributed.gpus "
+                                   "to share a GPU (0.5: two actors per GPU)")
+        self.say(f"[evolm] warning: {message}; actors wait until the cluster has them")
 
     # -- actors ------------------------------------------------------------------------------------
     def _start(self) -> None:
@@ -326,7 +420,7 @@ class RayPopulation:
                                    "continue the run with evolm es --resume RUN_DIR")
 
     def _check(self, aid: int, got: list[int], expected: list[int], when: str) -> None:
-        bad = first_mismatch(self.params.names, expected, got)
+        bad = first_mismatch(self._names, expected, got)
         if bad is not None:
             host = self._info.get(aid, {}).get("host", "?")
             raise DistributedError(
@@ -413,7 +507,14 @@ class RayPopulation:
         self._replay = []
 
     def close(self) -> None:
-        for handle in [*self._actors.values(), *(h for _, h, _ in self._starting.values())]:
+        handles = [*self._actors.values(), *(h for _, h, _ in self._starting.values())]
+        if handles and self.ray.is_initialized():  # let live actors shut their engines down (vLLM: its processes)
+            closing = [h.close.remote() for h in self._actors.values()]
+            try:
+                self.ray.wait(closing, num_returns=len(closing), timeout=CLOSE_SECONDS)
+            except Exception:
+                pass
+        for handle in handles:
             try:
                 self.ray.kill(handle)
             except Exception:

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import torch
 
-from evolm.backends.vllm import checksum, digest
+from evolm.backends.vllm import checksum, crc32, digest
 from evolm.es.noise import noise_from_header
 from evolm.es.params import ParamSet
 
@@ -128,6 +128,12 @@ class ESWorkerExtension:
     def es_selected_checksum(self) -> int:
         p = self._es_params
         return sum(checksum(t) for t in (p.masters if p.masters is not None else p.tensors))
+
+    def es_crc32(self) -> list[int]:
+        """CRC-32 of every selected tensor in ParamSet order: the float32 masters when kept, then the live
+        views the engine generates from (``ray_population.weights_checksum`` is the driver's side)."""
+        p = self._es_params
+        return [crc32(t) for t in (p.masters or [])] + [crc32(t) for t in p.tensors]
 
     def es_checksums(self) -> dict[str, int]:
         """Checksum of every mapped HF tensor (live weights, in the engine's dtype)."""

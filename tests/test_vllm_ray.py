@@ -1,0 +1,153 @@
+"""A Ray population of vLLM actors against the local vLLM run and the HF run (real engines, real Ray).
+
+``generation.backend = "vllm"`` with ``distributed.workers = 2``: every actor starts its own vLLM-CPU
+engine and perturbs inside it, the driver holds no engine. Once this trained nothing (each actor
+perturbed its HF copy while its engine scored the base weights: every member equal, every update
+"zero"), so besides bit-identical weights the module checks that the actors' members differ.
+
+Marked ``vllm`` and ``ray``; skipped where either is missing, run by ``make test-vllm`` (.venv-vllm has
+Ray). One HF run, one local vLLM run and one K = 2 run of the same config, shared by the module: three
+engine start-ups in all (the local run's, then the two actors' side by side), on the embedded
+SmolLM2-135M in float32 at 2 updates of N = 4 members x 8 prompts x 8 greedy tokens. The task is the
+vowel-share toy task of conftest (a continuous reward: members whose completions differ score
+differently; arithmetic at 8 tokens scored every member 0), shipped to the actors by value.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.vllm, pytest.mark.ray]
+pytest.importorskip("vllm")
+pytest.importorskip("ray")
+
+from evolm import config  # noqa: E402
+from evolm.runs import RunDir  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+ITERATIONS = 2
+POPULATION = 4
+
+
+def _cfg(root: Path, name: str, backend: str, workers: int) -> config.ESJob:
+    sets = [f"run.out_dir='{root}'", f"run.name='{name}'", "run.progress=false", "run.checkpoint_every=0",
+            "eval.before_after=false", "probe.every=0", "model.threads=1", "generation.max_new_tokens=8",
+            f"es.iterations={ITERATIONS}", f"es.population={POPULATION}", "es.prompts_per_iteration=8",
+            "es.sigma=0.02",  # members' greedy completions differ at 0.02 (at 1e-3 they all scored alike)
+            f"es.noise_table_size={1 << 25}",  # >= the embedding's 28.3M entries; 134 MB per process, not 670 MB
+            f"generation.backend='{backend}'", "generation.vllm_enforce_eager=true", "generation.vllm_kv_cache_gb=0.25",
+            "generation.vllm_max_model_len=512", f"distributed.workers={workers}", "distributed.threads=1"]
+    return config.load(config.ESJob, ROOT / "configs" / "es-arithmetic.toml", sets)
+
+
+def _engine_processes() -> list:
+    """This process's descendant vLLM engine-core processes (the actors' engines while a Ray run is on)."""
+    import psutil
+
+    found = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if "EngineCore" in child.name() or any("EngineCore" in part for part in child.cmdline()[:1]):
+                found.append(child)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    from evolm.backends import vllm as vllm_backend
+    from evolm.jobs import run_es
+
+    from conftest import make_vowel_task
+
+    os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")  # a shared machine's memory is not the test's (test_ray_population)
+    root = tmp_path_factory.mktemp("vllm-ray")
+    task = make_vowel_task()
+    out, seconds, engines = {}, {}, []
+    for name, backend, workers in (("hf", "hf", 0), ("vllm", "vllm", 0)):
+        t0 = time.perf_counter()
+        out[name] = run_es(_cfg(root, name, backend, workers), task=task, quiet=True)
+        seconds[name] = time.perf_counter() - t0
+
+    def no_driver_engine(*args, **kwargs):
+        raise AssertionError("the driver of a Ray population of vLLM actors started a vLLM engine")
+
+    def seen(step, record):
+        if step == 1:
+            engines.extend(_engine_processes())
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(vllm_backend.VLLMGenerator, "__init__", no_driver_engine)  # the actors' processes are not patched
+        t0 = time.perf_counter()
+        out["ray"] = run_es(_cfg(root, "ray", "vllm", 2), task=task, quiet=True, callbacks=(seen,))
+        seconds["ray"] = time.perf_counter() - t0
+    for name, run in out.items():  # with -s: the figures docs/vllm.md quotes
+        per_update = [round(r["seconds"], 1) for r in _train(run)]
+        print(f"\n[vllm-ray] {name}: {seconds[name]:.0f} s in all (start-up included), seconds per update {per_update}")
+    return out, engines
+
+
+def _train(run: RunDir) -> list[dict]:
+    return [r for r in run.metrics() if r.get("kind") == "train"]
+
+
+def _final(run: RunDir) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    state = {}
+    for f in sorted((run.path / "final").glob("*.safetensors")):
+        state.update(load_file(str(f)))
+    return state
+
+
+def _assert_same_run(run: RunDir, reference: RunDir) -> None:
+    a, b = _final(run), _final(reference)
+    assert a.keys() == b.keys()
+    assert not any("qkv_proj" in n or "gate_up_proj" in n for n in a)  # Hugging Face names, not the engine's
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+    assert [r["fitness"] for r in _train(run)] == [r["fitness"] for r in _train(reference)]
+    assert run.seed_log() == reference.seed_log()
+
+
+def test_the_members_differ_inside_the_actors_engines(runs):
+    """The silent no-op this replaced: every actor's engine scored the base weights, so all N fitnesses
+    of an update were equal and no update applied. Where the local vLLM run's members differ, the
+    actors' must too."""
+    (out, _) = runs
+    local, ray = _train(out["vllm"]), _train(out["ray"])
+    assert len(local) == len(ray) == ITERATIONS
+    for mine, theirs in zip(ray, local):
+        assert len(set(theirs["fitness"])) > 1, "the local vLLM run's members scored alike: the config cannot tell"
+        assert len(set(mine["fitness"])) > 1, f"update {mine['step']}: every Ray+vLLM member scored {mine['fitness'][0]}"
+    assert {r["update_status"] for r in ray} == {"applied"}
+
+
+def test_two_vllm_actors_reach_the_local_vllm_run_bit_for_bit(runs):
+    (out, _) = runs
+    _assert_same_run(out["ray"], out["vllm"])
+
+
+def test_two_vllm_actors_reach_the_hf_run_bit_for_bit(runs):
+    (out, _) = runs
+    _assert_same_run(out["ray"], out["hf"])
+
+
+def test_both_actors_scored_on_their_own_engines_and_released_them(runs):
+    (out, engines) = runs
+    records = _train(out["ray"])
+    assert all(r["ray_actors"] == 2 and r["ray_restarts"] == 0 for r in records)
+    assert all(sum(r["ray_members"].values()) == POPULATION for r in records)
+    assert any(len(r["ray_members"]) == 2 for r in records)  # both actors took members
+    assert all(r["gen_tokens"] > 0 for r in records)  # cost counters come back from the actors' engines
+    assert len(engines) == 2, engines  # one engine per actor while the run was on (none in the driver: patched out)
+    deadline = time.time() + 30
+    while any(p.is_running() for p in engines) and time.time() < deadline:
+        time.sleep(0.5)
+    assert not any(p.is_running() for p in engines), "an actor's vLLM engine outlived the run"
