@@ -628,6 +628,7 @@ def evaluate_test(claim: Claim | str, test: ClaimTest, data_dir: Path, read: Rea
 def evaluate_premise(owner: str, premise: Premise, data_dir: Path, read: Reader) -> PremiseOutcome:
     """A premise's test at 95% and whether it holds (``holds_when``); None when it did not run."""
     outcome = evaluate_test(owner, premise, data_dir, read)
+    outcome.name = outcome.name or premise.id
     if outcome.verdict == NOT_RUN:
         return PremiseOutcome(premise, outcome, None)
     holds = (outcome.verdict == REPRODUCED if premise.holds_when == "reproduced" else outcome.verdict != CONTRADICTED)

@@ -91,12 +91,11 @@ def _describe(r: Outcome) -> str:
             how = f"; exact, {r.discordant[0]} vs {r.discordant[1]} discordant, McNemar p {r.p:.2g}"
         elif r.method == "stratified bootstrap":
             how = f"; {len([s for s in r.seeds if not s.get('dropped')])} runs, each resampled on its own"
-        shown = f"{r.name} ({r.label})" if r.name else r.label
-        return (f"{shown} {arrow}: {diff} {interval_text(r)} ({r.problems} problems{how}; expected "
+        return (f"{title} {arrow}: {diff} {interval_text(r)} ({r.problems} problems{how}; expected "
                 f"{r.expect.replace('_', ' ')}{_margin(r)}): {_verdict(r)}")
     if r.kind == "value" and r.estimate is not None:
         criterion = f"expected {r.expect} {r.threshold:g}"
-        shown = f"{r.name} ({r.label})" if r.name else r.label
+        shown = title
         if r.problems is not None and r.interval is not None:  # a per-problem list (minus a second one)
             means = f"; means {r.a:.3f} − {r.b:.3f}" if r.a is not None and r.b is not None else ""
             return (f"{shown}: {interval_text(r)} (mean over {r.problems} problems, 95% bootstrap{means}; "
@@ -156,9 +155,9 @@ def why(o: ClaimOutcome) -> str:
         return f"all {n} counted test{'s' if n != 1 else ''} reproduced{left_out}"
     if o.verdict == CONTRADICTED:
         against = [r for r in counted if r.verdict == CONTRADICTED and r.family_verdict == CONTRADICTED]
-        names = ", ".join(r.name or r.label for r in against[:2]) + (" …" if len(against) > 2 else "")
+        names = " and ".join(f"'{r.name or r.label}'" for r in against[:2]) + (f" and {len(against) - 2} more" if len(against) > 2 else "")
         level = " at the family-wise level" if n > 1 else ""
-        return f"{len(against)} of {n} counted tests contradicted{level} ({names}); {reproduced} reproduced{left_out}"
+        return f"contradicted{level} by {names} ({len(against)} of {n} counted tests); {reproduced} reproduced{left_out}"
     inconclusive = sum(r.verdict == INCONCLUSIVE for r in counted)
     wrong = sum(r.verdict == CONTRADICTED for r in counted)
     extra = f", {wrong} contradicted at 95% only" if wrong else ""

@@ -1,0 +1,447 @@
+"""``evolm report --study``: the reproduction study's page, ``docs/REPRODUCTION.md``, from committed files.
+
+    evolm report --study experiments/study/claims.toml --out docs
+
+Writes ``<out>/REPRODUCTION.md``, its figures under ``<out>/study/figures/`` and every verdict's numbers in
+``<out>/study/reproduction.json``. Laid out to be read in a minute, then in depth:
+
+1. "Summary": at most ten lines: the bases and their numerics (from the run files and ``evolm.embedded``), the
+   scale, the verdict counts, the runs that lost their task, the commutative-twin check, and the questions
+   whose experiment is pending (``[study] pending``: named, with no result).
+2. "Verdicts": one row per claim or open question: claim | verdict | the key number with its 95% interval | why.
+3. One section per claim: what the paper reports, the command, its premises, one line per test (with its
+   interval, margin, per-seed numbers and, for a contradicted one, its family-wise interval), a small-multiple
+   pass@k figure (``figures``) and a table of the evaluations it reads, what would decide it and the cost.
+4. "Runs that must not have lost their task" (the ``[[premise]]`` entries), "Commutative twins in arithmetic"
+   (``experiments/study/twins.py``'s record: per run, held-out problems whose twin it trained on, and the change
+   on the twin-free problems beside the change on all of them), "What was run" (the intro and one row per run,
+   from its files), and how the verdicts are reached.
+5. The run sections of ``evolm report`` on the runs the tests name (probe trajectories, budget, cost), the
+   analyses' own sections, and the sweep sections for every sweep one of whose points a test names.
+
+Design decisions:
+
+- Generated only from files under the study's data directory plus the claims file, so anyone can regenerate
+  the page; it says so at the top and lists every file read at the end.
+- Run and analysis directories are read through ``report.read.gather`` (runs only through the ``RunDir`` read
+  side): a copied run directory without ``final/`` or checkpoints reads like any run.
+- The page holds no machine's absolute paths: paths under the current directory are shown relative to it.
+- A claim or test that was not run still gets its row (verdict "not run" with the reason).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+from evolm.document import Canvas, Figure, Section, Table, render_markdown
+from evolm.embedded import EMBEDDED
+from evolm.report.read import ANALYSIS_KINDS, Reader, Sources, gather
+from evolm.report.sections import analysis_sections, budget_section, configured_match, cost_section, probe_section
+from evolm.report.study.claims import ClaimsFile, load_claims
+from evolm.report.study.figures import claim_figure, passk_matrix
+from evolm.report.study.measure import ClaimOutcome, PremiseOutcome, StudyOutcome, evaluate_study, files_of, task_report
+from evolm.report.study.stats import (BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, FAMILY_RESAMPLES, LEVEL, bootstrap_curve,
+                                      bootstrap_interval, exact_proportion_interval, is_binary, pooled_problems,
+                                      problem_values)
+from evolm.report.study.verdicts import (CONTRADICTED, INCONCLUSIVE, NOT_RUN, PREMISE_ABSENT, REPRODUCED,
+                                         TRAINING_FAILED)
+from evolm.report.study.words import describe, describe_premise, key_number, why
+from evolm.report.sweeps import sweep_sections
+from evolm.runs import atomic_write_json, atomic_write_text
+
+PAGE = "REPRODUCTION.md"
+"""The page's file name under ``--out``."""
+FIGURES = "study/figures"
+"""Where the figures go, under ``--out`` (and how the page links them)."""
+SUMMARY_LINES = 10
+"""The summary's most lines."""
+SHOWN_KS = (1, 4, 16, 32)
+"""The pass@k columns of a claim's evaluation table (those its evaluations reach)."""
+
+
+@dataclass
+class StudyResult:
+    """What ``build_study`` wrote."""
+
+    markdown: Path
+    """``<out>/REPRODUCTION.md``."""
+    json: Path
+    """``<out>/study/reproduction.json``: every claim's verdict and every test's numbers."""
+    figures: list[Path]
+    """The PNGs under ``<out>/study/figures/``."""
+    outcomes: list[ClaimOutcome]
+    """Every claim's outcome, in table order."""
+    premises: list[PremiseOutcome] = dataclasses.field(default_factory=list)
+    """Every run premise's outcome."""
+
+
+def shown(path: str | Path) -> str:
+    """``path`` relative to the current directory when it lies under it, else as given."""
+    p = Path(path)
+    try:
+        return str(p.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(p)
+
+
+# -- the summary and the verdict table ----------------------------------------------------------------------
+
+
+def bases_line(src: Sources) -> str:
+    """The models the runs start from, what their files are and the dtype they ran in (from the run files)."""
+    models = {}
+    for r in src.runs:
+        m = r.config.get("model") or {}
+        models.setdefault(m.get("spec"), set()).add(m.get("dtype"))
+    parts = []
+    for spec, dtypes in models.items():
+        known = EMBEDDED.get(spec)
+        what = known.description.split(" (")[0] + ", " + known.description.rsplit(", ", 1)[-1] if known else spec
+        parts.append(f"{what} ({spec}), run in {'/'.join(sorted(d for d in dtypes if d))}")
+    quantised = all(spec in EMBEDDED for spec in models)
+    note = " — 4-bit GGUF files dequantised to float32 on load, so every weight starts on the 4-bit grid" if quantised and models else ""
+    return f"**Bases**: {'; '.join(parts) or 'none read'}{note}."
+
+
+def summary_section(claims: ClaimsFile, study: StudyOutcome, src: Sources, twins: dict | None) -> Section:
+    """At most ``SUMMARY_LINES`` lines: bases, scale, verdicts, failed runs, twins, pending questions."""
+    counts = {}
+    for o in study.claims:
+        counts[o.verdict] = counts.get(o.verdict, 0) + 1
+    order = (REPRODUCED, CONTRADICTED, INCONCLUSIVE, PREMISE_ABSENT, TRAINING_FAILED, NOT_RUN)
+    verdicts = ", ".join(f"{counts[v]} {v}" for v in order if counts.get(v))
+    by = {v: [o.claim.id for o in study.claims if o.verdict == v] for v in order}
+    named = "; ".join(f"{v}: {', '.join(ids)}" for v, ids in by.items() if ids)
+    lines = [bases_line(src)]
+    if claims.study.scale:
+        lines.append(f"**Scale**: {claims.study.scale.strip()}")
+    lines.append(f"**Verdicts** ({len(study.claims)} rows): {verdicts} ({named}).")
+    failed = [p for p in study.premises if p.holds is False]
+    if failed:
+        names = ", ".join(p.premise.run or p.premise.b.split("/")[-2] for p in failed)
+        lines.append(f"**Runs that lost their task** (pass@1 fell; {TRAINING_FAILED}, not evidence either way): {names}.")
+    if twins is not None:
+        lines.append(f"**Commutative twins** (arithmetic): {twins_line(twins)}")
+    lines += [f"**Pending**: {p.strip()}" for p in claims.study.pending]
+    lines.append("**Reading it**: one row per claim below, then a section per claim; verdicts from each claim's counted "
+                 "tests at 95% (family-wise for a contradiction), margins declared per test in the claims file.")
+    if len(lines) > SUMMARY_LINES:
+        raise ValueError(f"the summary has {len(lines)} lines; at most {SUMMARY_LINES} (shorten [study] pending or scale)")
+    return Section("Summary", ["\n".join(f"- {line}" for line in lines)])
+
+
+def verdict_table(study: StudyOutcome) -> Section:
+    rows = [[f"[{o.claim.id}](#{_anchor(o)}) {o.claim.claim}", f"**{o.verdict}**", key_number(o), why(o)]
+            for o in study.claims]
+    return Section("Verdicts", [Table(["claim", "verdict", "key number (95% interval)", "why"], rows)])
+
+
+def _anchor(o: ClaimOutcome) -> str:
+    """The GitHub anchor of a claim's section heading."""
+    title = _claim_title(o).lower()
+    return "".join(c for c in title.replace(" ", "-") if c.isalnum() or c in "-_")
+
+
+def _claim_title(o: ClaimOutcome) -> str:
+    return f"{o.claim.id}: {o.claim.claim}"
+
+
+# -- one section per claim ------------------------------------------------------------------------------------
+
+
+def claim_section(o: ClaimOutcome, data: Path, read, canvas: Canvas) -> Section:
+    c = o.claim
+    blocks: list = [f"**Verdict: {o.verdict}** — {why(o)}.", f"**Paper**: {c.paper}"]
+    if c.command:
+        blocks.append(f"**Command**: `{c.command}`")
+    if c.not_run:
+        blocks.append(f"**Not run**: {c.not_run}")
+    if o.premises:
+        blocks.append("**Premises**:\n" + "\n".join(f"- {describe_premise(p)}" for p in o.premises))
+    if o.tests:
+        blocks.append("**Tests** (95% intervals; a gated or context test is shown, not counted):\n"
+                      + "\n".join(f"- {describe(t)}" for t in o.tests))
+    figure = claim_figure(o, data, read, canvas)
+    if figure is not None:
+        blocks.append(figure)
+    table = evaluations_table(o, data, read)
+    if table is not None:
+        blocks.append(table)
+    blocks.append(f"**What would decide it**: {c.decide}" + (f" **Cost here**: {c.cost}" if c.cost else ""))
+    return Section(_claim_title(o), blocks)
+
+
+def _cell(mean: float, lo: float, hi: float) -> str:
+    return f"{mean:.3f} [{lo:.3f}, {hi:.3f}]"
+
+
+def _greedy_cell(values: list[float]) -> str | None:
+    """Greedy accuracy over problems with its 95% interval: exact (Clopper-Pearson) when every problem is right or
+    wrong, else the bootstrap's (a repeated problem whose rows disagree)."""
+    if not values:
+        return None
+    if is_binary(values):
+        lo, hi = exact_proportion_interval(int(sum(values)), len(values))
+        return _cell(sum(values) / len(values), lo, hi)
+    return _cell(*bootstrap_interval(values))
+
+
+def evaluations_table(o: ClaimOutcome, data: Path, read) -> Table | None:
+    """One row per evaluation file a claim's change and compare tests read: distinct problems, samples, pass@k
+    (bootstrap interval), entropy, greedy (exact interval), with repeated problems pooled."""
+    files: list[tuple[Path, str]] = []
+    for t, r in zip(o.claim.test, o.tests):
+        if t.kind in ("change", "compare", "contrast") and r.verdict != NOT_RUN:
+            files += [(f, t.task) for f in files_of(t, data) if (f, t.task) not in files]
+    if not files:
+        return None
+    rows, ks = [], set()
+    for f, task in files:
+        report = task_report(read(f), f, task)
+        pooled = pooled_problems(report)
+        greedy = _greedy_cell([p["greedy"] for p in pooled if p["greedy"] is not None])
+        row = {"file": shown(f), "problems": len(pooled), "n": 0, "pass": {}, "entropy": None, "greedy": greedy}
+        if all("n" in p for p in pooled):
+            m = passk_matrix(report)
+            mean, lo, hi = bootstrap_curve(m)
+            row["n"] = m.shape[1]
+            row["pass"] = {k: _cell(mean[k - 1], lo[k - 1], hi[k - 1]) for k in SHOWN_KS if k <= m.shape[1]}
+            ks |= set(row["pass"])
+            entropy = [sum(p["entropy"]) / len(p["entropy"]) for p in pooled if p["entropy"]]
+            row["entropy"] = _cell(*bootstrap_interval(entropy)) if entropy else None
+        rows.append(row)
+    ks = sorted(ks)
+    return Table(["evaluation", "problems", "n"] + [f"pass@{k}" for k in ks] + ["entropy (nats)", "greedy"],
+                 [[r["file"], r["problems"], r["n"]] + [r["pass"].get(k) for k in ks] + [r["entropy"], r["greedy"]]
+                  for r in rows],
+                 f"{o.claim.id}: mean over distinct problems [95% interval: bootstrap; greedy exact]")
+
+
+# -- run premises, twins, what was run, method --------------------------------------------------------------------
+
+
+def premises_section(study: StudyOutcome) -> Section | None:
+    if not study.premises:
+        return None
+    failed = [p for p in study.premises if p.holds is False]
+    held = [p for p in study.premises if p.holds]
+    blocks = [f"Each trained run the claims about a method read must not have lost its task (its held-out pass@1 "
+              f"fell): {len(held)} held, {len(failed)} failed; a failed run's files are left out of every test "
+              f"(a test left without a run of one side reads \"{TRAINING_FAILED}\")."]
+    if failed:
+        blocks.append("\n".join(f"- {describe_premise(p)}" for p in failed))
+    return Section("Runs that must not have lost their task", blocks)
+
+
+def _change(before: dict, after: dict, ids: list[str]) -> str:
+    diffs = [after[i] - before[i] for i in ids]
+    if not diffs:
+        return "–"
+    mean, lo, hi = bootstrap_interval(diffs)
+    return f"{mean:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+
+
+def twins_rows(twins: dict, data: Path, read) -> list[list]:
+    """Per run of the twins record: held-out problems, those with a twin in the train split and in its training
+    draws, and the pass@1 / pass@16 change on all problems and on the twin-free ones."""
+    rows = []
+    for run, rec in twins.get("runs", {}).items():
+        before, after = data / run / "eval_before.json", data / run / "eval_after.json"
+        if not (before.exists() and after.exists()):
+            continue
+        drawn = set(rec["twins_drawn"])
+        row = [run, len(rec["heldout"]), len(rec["twins_in_train_split"]), len(drawn)]
+        for metric in ("pass@1", "pass@16"):
+            try:
+                vb, va = (problem_values(task_report(read(f), f), metric) for f in (before, after))
+            except ValueError:
+                row += ["–", "–"]
+                continue
+            ids = [i for i in vb if vb[i] is not None and va.get(i) is not None]
+            row += [_change(vb, va, ids), _change(vb, va, [i for i in ids if i not in drawn])]
+        rows.append(row)
+    return rows
+
+
+def twins_line(twins: dict) -> str:
+    """One summary line from the twins record."""
+    runs = twins.get("runs", {})
+    two = [len(r["twins_drawn"]) for r in runs.values() if r["task"].get("digits", 2) == 2]
+    one = [len(r["twins_drawn"]) for r in runs.values() if r["task"].get("digits", 2) == 1]
+    size = lambda rs, d: max((len(r["heldout"]) for r in rs.values() if r["task"].get("digits", 2) == d), default=0)  # noqa: E731
+    parts = []
+    if two:
+        parts.append(f"{min(two)}-{max(two)} of {size(runs, 2)} held-out 2-digit sums per run had their twin (b+a for "
+                     "a+b) among the problems the run trained on")
+    if one:
+        parts.append(f"{min(one)}-{max(one)} of {size(runs, 1)} 1-digit sums (Gemma)")
+    return ("; ".join(parts) + " (split_version = 1, what every committed run used); the changes on the twin-free "
+            "problems are beside the changes on all of them in \"Commutative twins in arithmetic\".")
+
+
+def twins_section(twins: dict, data: Path, read) -> Section:
+    rows = twins_rows(twins, data, read)
+    text = ("The arithmetic task's committed split (`split_version = 1`) hashes a problem's expression text, so `47+85` "
+            "and `85+47` may fall in different splits: a held-out problem's commutative twin may be a training problem. "
+            "`experiments/study/twins.py` rebuilds, from each run's config and log, the training problems it drew "
+            f"(`{shown(data / 'analyses/twins/twins.json')}`); per run, the held-out problems whose twin lies in the "
+            "train split, those whose twin the run trained on, and the paired change (after − before, 95% bootstrap) "
+            "on all held-out problems and on those whose twin it did not train on. `split_version = 2` "
+            "(`evolm.tasks.arithmetic`) keeps a+b and b+a in one split, for new runs; re-drawing would change every "
+            "committed run's held-out problems.")
+    table = Table(["run", "held-out", "twin in train split", "twin trained on", "pass@1 change, all",
+                   "pass@1 change, twin-free", "pass@16 change, all", "pass@16 change, twin-free"], rows)
+    return Section("Commutative twins in arithmetic", [text, table])
+
+
+def runs_table(src: Sources, data: Path) -> Table:
+    """One row per run read: what it trained, on what, and what it spent (all from its files)."""
+    rows = []
+    for r in src.runs:
+        cfg, last = r.config, (r.train[-1] if r.train else {})
+        model, task = cfg.get("model") or {}, cfg.get("task") or {}
+        params = ", ".join(f"{k}={v}" for k, v in (task.get("params") or {}).items())
+        after = (r.eval_after or {}).get("summary") or {}
+        distinct = len({str(p["id"]) for p in (r.eval_after or {}).get("problems") or []})
+        held = f"{after.get('problems')} × {after.get('n')}" if after else None
+        if after and distinct and distinct != after.get("problems"):
+            held = f"{after.get('problems')} ({distinct} distinct) × {after.get('n')}"
+        rows.append([r.label, r.method, model.get("spec"), model.get("dtype"), model.get("device"), model.get("threads"),
+                     f"{task.get('name')} ({params})" if params else task.get("name"), r.info.get("status"), len(r.train),
+                     last.get("seconds_total"), last.get("gen_sequences_total"), held])
+    return Table(["run", "method", "model", "dtype", "device", "threads", "task", "status", "updates", "update seconds",
+                  "sequences", "held-out problems × samples"], rows,
+                 f"the runs the tests read, from their run.json, config.toml, metrics.jsonl and eval_after.json under {shown(data)}/")
+
+
+def intro_section(claims: ClaimsFile, src: Sources, data: Path) -> Section:
+    blocks: list = [claims.study.intro.strip()] if claims.study.intro.strip() else []
+    if src.runs:
+        blocks.append(runs_table(src, data))
+    else:
+        blocks.append(f"No run directory named by a test exists yet under `{shown(data)}/`.")
+    return Section("What was run", blocks)
+
+
+def method_section() -> Section:
+    return Section("How the verdicts are reached", [
+        f"A change test pairs a run's `eval_after.json` with its `eval_before.json` problem by problem; a compare test "
+        "two evaluation files on the same problems (b − a); a problem that appears on several rows of one evaluation "
+        "is one problem (its rows pooled: n and c summed). pass@k is the unbiased estimator from each problem's n and "
+        "c, entropy the mean of a problem's samples' token entropy (nats), greedy whether the greedy answer is correct. "
+        f"Intervals: the {LEVEL:.0%} percentile bootstrap over problems ({BOOTSTRAP_RESAMPLES} resamples, seed "
+        f"{BOOTSTRAP_SEED}); for a metric that is 0 or 1 per problem (greedy, and pass@n of n samples) the exact "
+        "unconditional interval of the paired difference (the score test inverted, its p-value maximised over the "
+        "discordance), with McNemar's exact p; several seeds of a method in one test: the mean of the seeds' changes, "
+        "each seed's problems resampled on their own. Analyses: a top-k enrichment's exact interval, a share "
+        "enrichment's permutation null, an exact number for one run's weights. A test is reproduced when its interval "
+        "excludes 0 in the expected direction, contradicted when it excludes 0 in the other; 'not down', 'b not less' "
+        "and 'equal' are judged against the test's declared margin (absolute, or a share of a named reference change), "
+        "contradicted only beyond it, and [0, 0] never shows them. A premise that fails takes its runs' files out of the "
+        "tests (training failed) or its claim out of the count (premise absent). A claim is reproduced when every "
+        f"counted test is reproduced at {LEVEL:.0%}, contradicted when one is contradicted at the family-wise level "
+        f"1 − {1 - LEVEL:.2g} / m (Bonferroni over its m counted tests, {FAMILY_RESAMPLES} bootstrap resamples), and "
+        "inconclusive at this scale otherwise. Details: `evolm.report.study`."])
+
+
+# -- inputs --------------------------------------------------------------------------------------------------
+
+
+def _inputs(outcomes: list[ClaimOutcome], data: Path) -> tuple[list[Path], list[Path], list[Path]]:
+    """The run directories, analysis directories and sweep directories the run tests name and that exist (a sweep
+    is named through one of its points' files)."""
+    runs: list[Path] = []
+    analyses: list[Path] = []
+    sweeps: list[Path] = []
+    for o in outcomes:
+        for t, r in zip(o.claim.test, o.tests):
+            if r.verdict == NOT_RUN:
+                continue
+            for f in files_of(t, data):
+                d = f.parent
+                if (d / "run.json").exists() and (d / "metrics.jsonl").exists():
+                    runs += [d] if d not in runs else []
+                    if (d.parent / "sweep.json").exists() and d.parent not in sweeps:
+                        sweeps.append(d.parent)
+                elif f.stem in ANALYSIS_KINDS and f.exists():
+                    analyses += [d] if d not in analyses else []
+    return runs, analyses, sweeps
+
+
+def common_match(src: Sources) -> str:
+    """The quantity every run was configured to match (``run.match``), or updates when they differ."""
+    found = {configured_match(r)[0] for r in src.runs}
+    return found.pop() if len(found) == 1 else "updates"
+
+
+def grouped_files(files: list[str]) -> list[str]:
+    """The files read, one line per directory: ``docs/study/c1c2-es/{config.toml, eval_after.json}`` (a directory
+    with one file keeps its path; reproduction.json lists every file in full)."""
+    by: dict[str, list[str]] = {}
+    for f in files:
+        parent, _, name = f.rpartition("/")
+        by.setdefault(parent, []).append(name)
+    return [(f"{d}/" if d else "") + (names[0] if len(names) == 1 else "{" + ", ".join(names) + "}")
+            for d, names in by.items()]
+
+
+# -- the page ----------------------------------------------------------------------------------------------
+
+
+def build_study(claims_path: str | Path, out: str | Path = "docs") -> StudyResult:
+    """Read the claims file and the files its tests name; write ``<out>/REPRODUCTION.md``, its figures and
+    ``<out>/study/reproduction.json``."""
+    claims = load_claims(claims_path)
+    data = Path(claims.study.data)
+    reader = Reader()
+    reader.note([claims_path])
+    study = evaluate_study(claims, reader.json, data)
+    outcomes = study.claims
+    out = Path(out)
+    canvas = Canvas(out / "study")
+    for old in canvas.dir.glob("*.png"):  # a re-run must not leave figures the new page does not show
+        old.unlink()
+    runs, analyses, sweeps = _inputs(outcomes, data)
+    inputs = runs + analyses + sweeps
+    src = gather([str(p) for p in inputs], {str(p.resolve()): str(p.relative_to(data)) if p.is_relative_to(data)
+                                            else p.name for p in inputs}, reader) if inputs else Sources()
+    src.analyses = {kind: [(label, Path(shown(d)), result) for label, d, result in entries]
+                    for kind, entries in src.analyses.items()}
+    twins_path = data / claims.study.twins if claims.study.twins else None
+    twins = reader.json(twins_path) if twins_path is not None and twins_path.exists() else None
+    match = common_match(src)
+    sections = [summary_section(claims, study, src, twins), verdict_table(study)]
+    sections += [claim_section(o, data, reader.json, canvas) for o in outcomes]
+    sections += [s for s in (premises_section(study),) if s is not None]
+    if twins is not None:
+        sections.append(twins_section(twins, data, reader.json))
+    sections += [intro_section(claims, src, data), method_section()]
+    sections += [s for s in (probe_section(src, canvas, match), budget_section(src, match), cost_section(src)) if s is not None]
+    sections += analysis_sections(src, canvas)
+    sections += sweep_sections(src, canvas)  # evolm report's default window, band and reference
+    files = list(dict.fromkeys(shown(f) for f in reader.files))
+    listed = grouped_files(files)
+    note = (f"Generated by `evolm report --study {shown(claims_path)}` from the {len(files)} file{'s' if len(files) != 1 else ''} "
+            f"listed at the end (committed copies of run directories without weights, and analysis outputs, under "
+            f"`{shown(data)}/`); regenerate it with that command instead of editing it.")
+    page = out / PAGE
+    atomic_write_text(page, render_markdown(claims.study.title, sections, listed, note, figures=FIGURES))
+    figures = [canvas.path(b.name) for sec in sections for b in sec.blocks if isinstance(b, Figure)]
+    record = {"claims_file": shown(claims_path), "data": shown(data), "files_read": files,
+              "figures": [f"{FIGURES}/{f.name}" for f in figures],
+              "premises": [{"id": p.premise.id, "holds": p.holds, "failure": p.premise.failure,
+                            "test": dataclasses.asdict(p.outcome) | {"files": [shown(f) for f in p.outcome.files]}}
+                           for p in study.premises],
+              "claims": [{"id": o.claim.id, "claim": o.claim.claim, "verdict": o.verdict,
+                          "premises": [{"id": p.premise.id, "holds": p.holds, "failure": p.premise.failure,
+                                        "test": dataclasses.asdict(p.outcome) | {"files": [shown(f) for f in p.outcome.files]}}
+                                       for p in o.premises],
+                          "tests": [dataclasses.asdict(t) | {"files": [shown(f) for f in t.files]} for t in o.tests]}
+                         for o in outcomes]}
+    atomic_write_json(out / "study" / "reproduction.json", record)
+    return StudyResult(page, out / "study" / "reproduction.json", figures, outcomes, study.premises)
+
+
+__all__ = ["PAGE", "FIGURES", "StudyResult", "build_study", "shown"]
