@@ -884,3 +884,53 @@ def test_figures_are_small_multiples_one_panel_per_comparison(tmp_path):
         lines = ax.get_lines()
         assert 2 <= len(lines) <= 4 and lines[0].get_linestyle() == "--" and lines[1].get_linestyle() == "-"
         assert ax.get_legend() is not None and ax.get_legend().get_bbox_to_anchor().y0 < ax.bbox.y0  # under the data
+
+
+# -- issue 16, item 5: commutative twins in arithmetic ------------------------------------------------------------
+
+
+def test_arithmetic_split_version_2_keeps_commutative_twins_in_one_split():
+    from evolm.tasks import make_task
+    from evolm.tasks.arithmetic import canonical_key
+
+    assert canonical_key("85+47") == canonical_key("47+85") == "47+85"
+    assert canonical_key("2+3*4") == canonical_key("4*3+2") and canonical_key("9-2-7") == canonical_key("9-7-2")
+    assert canonical_key("5-3") != canonical_key("3-5")
+    old = make_task("arithmetic", digits=1)
+    assert [e.id for e in old.examples("test", 30)] == [e.id for e in make_task("arithmetic", digits=1, split_version=1)
+                                                        .examples("test", 30)]  # the default is the committed draw
+    leaks = lambda task: {canonical_key(e.id.split(":")[1]) for e in task.examples("test", 40)} & {  # noqa: E731
+        canonical_key(e.id.split(":")[1]) for s in range(5) for e in task.examples("train", 80, seed=s)}
+    assert leaks(old)  # version 1: a held-out 1-digit sum's twin is a training problem
+    new = make_task("arithmetic", digits=1, split_version=2)
+    assert not leaks(new) and new.knobs()["split_version"] == 2 and "split_version" not in old.knobs()
+    with pytest.raises(ConfigError, match="split_version must be an integer in"):
+        make_task("arithmetic", split_version=3)
+
+
+def test_the_twin_check_rebuilds_the_training_problems_a_run_drew(tmp_path):
+    """experiments/study/twins.py against the ES engine's own training_batch: the held-out problems whose twin the
+    run trained on."""
+    import importlib.util
+
+    from evolm.es.engine import training_batch
+    from evolm.tasks import make_task
+    from evolm.tasks.arithmetic import canonical_key
+
+    spec = importlib.util.spec_from_file_location("study_twins", ROOT / "experiments" / "study" / "twins.py")
+    twins = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(twins)
+    task = make_task("arithmetic", digits=1)
+    d = tmp_path / "es-run"
+    d.mkdir()
+    (d / "config.toml").write_text('[run]\nseed = 3\n\n[task]\nname = "arithmetic"\n\n[task.params]\ndigits = 1\n\n'
+                                   '[es]\nprompts_per_iteration = 4\n')
+    (d / "run.json").write_text(json.dumps({"kind": "es"}))
+    (d / "metrics.jsonl").write_text("".join(json.dumps({"kind": "train", "step": s}) + "\n" for s in (1, 2, 3)))
+    heldout = [e.id for e in task.examples("test", 12, seed=5)]
+    (d / "eval_after.json").write_text(json.dumps({"problems": [{"id": i, "n": 1, "c": 0} for i in heldout]}))
+    trained = {canonical_key(e.id.split(":")[1]) for i in range(3) for e in training_batch(task, None, 3, i, 4)[0]}
+    record = twins.twins_of(d)
+    assert record["train_draws"] == 12 and record["heldout"] == list(dict.fromkeys(heldout))
+    assert record["twins_drawn"] == [i for i in dict.fromkeys(heldout) if canonical_key(i.split(":")[1]) in trained]
+    assert record["twins_drawn"] and set(record["twins_drawn"]) <= set(record["twins_in_train_split"])

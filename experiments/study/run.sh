@@ -26,6 +26,7 @@
 #                                          (NAME: base grpo es-240 es-160 c9 c9-reverse es grpo-s1 grpo-s2; default: all for k32,
 #                                          base grpo es-240 for c4)
 #   bash experiments/study/run.sh collect  # copy the committed files (configs, logs, seed logs, eval JSON, analyses) to docs/study/
+#   bash experiments/study/run.sh twins    # which held-out arithmetic problems had their commutative twin in training (docs/study/analyses/twins/)
 #   bash experiments/study/run.sh report   # regenerate docs/REPRODUCTION.md from docs/study/ (evolm report --study)
 #
 # Every stage skips what is already done; training runs resume what was stopped (evolm ... --resume),
@@ -237,6 +238,7 @@ case "${1:-}" in
         "$PY" -m evolm analyze drift --trained es="$OUT/c2-es-240" --trained grpo="$OUT/c1c2-grpo" --out "$OUT/analyses/c4"
       fi ;;
   collect) "$PY" experiments/study/collect.py "$OUT" docs/study ;;
+  twins) "$PY" experiments/study/twins.py docs/study docs/study/analyses/twins/twins.json ;;  # seconds, from the committed files
   report) "$PY" -m evolm report --study experiments/study/claims.toml --out docs ;;
-  *) echo "usage: $0 c1c2 | c1seeds [SEED...] | cd | seeds [SEED...] | q1 | c8 | c9 | c7 | c7x [UPDATES [N...]] | c3 | c5 | q2 | c2long | c2xl | k32 [NAME...] | c4 [NAME...] | collect | report" >&2; exit 2 ;;
+  *) echo "usage: $0 c1c2 | c1seeds [SEED...] | cd | seeds [SEED...] | q1 | c8 | c9 | c7 | c7x [UPDATES [N...]] | c3 | c5 | q2 | c2long | c2xl | k32 [NAME...] | c4 [NAME...] | collect | twins | report" >&2; exit 2 ;;
 esac

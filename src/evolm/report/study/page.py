@@ -43,8 +43,8 @@ from evolm.report.study.claims import ClaimsFile, load_claims
 from evolm.report.study.figures import claim_figure, passk_matrix
 from evolm.report.study.measure import ClaimOutcome, PremiseOutcome, StudyOutcome, evaluate_study, files_of, task_report
 from evolm.report.study.stats import (BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, FAMILY_RESAMPLES, LEVEL, bootstrap_curve,
-                                      bootstrap_interval, exact_proportion_interval, is_binary, pooled_problems,
-                                      problem_values)
+                                      bootstrap_interval, exact_proportion_interval, is_binary, paired_binary_interval,
+                                      pooled_problems, problem_values)
 from evolm.report.study.verdicts import (CONTRADICTED, INCONCLUSIVE, NOT_RUN, PREMISE_ABSENT, REPRODUCED,
                                          TRAINING_FAILED)
 from evolm.report.study.words import describe, describe_premise, key_number, why
@@ -105,7 +105,7 @@ def bases_line(src: Sources) -> str:
     return f"**Bases**: {'; '.join(parts) or 'none read'}{note}."
 
 
-def summary_section(claims: ClaimsFile, study: StudyOutcome, src: Sources, twins: dict | None) -> Section:
+def summary_section(claims: ClaimsFile, study: StudyOutcome, src: Sources, twins: "Twins | None") -> Section:
     """At most ``SUMMARY_LINES`` lines: bases, scale, verdicts, failed runs, twins, pending questions."""
     counts = {}
     for o in study.claims:
@@ -235,64 +235,87 @@ def premises_section(study: StudyOutcome) -> Section | None:
     return Section("Runs that must not have lost their task", blocks)
 
 
-def _change(before: dict, after: dict, ids: list[str]) -> str:
-    diffs = [after[i] - before[i] for i in ids]
-    if not diffs:
-        return "–"
-    mean, lo, hi = bootstrap_interval(diffs)
-    return f"{mean:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+def _change(before: dict, after: dict, ids: list[str]) -> tuple[float | None, str]:
+    """The paired change after − before over ``ids`` and its cell (exact interval for a 0/1 metric)."""
+    pairs = [(before[i], after[i]) for i in ids]
+    if not pairs:
+        return None, "–"
+    if is_binary([x for x, _ in pairs]) and is_binary([y for _, y in pairs]):
+        exact = paired_binary_interval(pairs)
+        mean, lo, hi = exact["mean"], exact["lo"], exact["hi"]
+    else:
+        mean, lo, hi = bootstrap_interval([y - x for x, y in pairs])
+    return mean, f"{mean:+.3f} [{lo:+.3f}, {hi:+.3f}]"
 
 
-def twins_rows(twins: dict, data: Path, read) -> list[list]:
-    """Per run of the twins record: held-out problems, those with a twin in the train split and in its training
-    draws, and the pass@1 / pass@16 change on all problems and on the twin-free ones."""
-    rows = []
+@dataclass
+class Twins:
+    """The commutative-twin check, read from ``experiments/study/twins.py``'s record and the runs' evaluations."""
+
+    rows: list[list]
+    """Per run: held-out, twin in the train split, twin trained on, then pass@1 and pass@k changes (all, twin-free)."""
+    gaps: dict[int, float]
+    """Per digits (1, 2): the largest |pass@1 change on all − on the twin-free problems| over the runs."""
+    drawn: dict[int, tuple[int, int, int]]
+    """Per digits: the fewest and most held-out problems a run trained on the twin of, and the held-out count."""
+    twin_free: dict[int, tuple[int, int]]
+    """Per digits: the fewest and most twin-free held-out problems of a run."""
+
+
+def twins_check(twins: dict, data: Path, read) -> Twins:
+    rows, gaps, drawn, free = [], {}, {}, {}
     for run, rec in twins.get("runs", {}).items():
         before, after = data / run / "eval_before.json", data / run / "eval_after.json"
         if not (before.exists() and after.exists()):
             continue
-        drawn = set(rec["twins_drawn"])
-        row = [run, len(rec["heldout"]), len(rec["twins_in_train_split"]), len(drawn)]
-        for metric in ("pass@1", "pass@16"):
-            try:
-                vb, va = (problem_values(task_report(read(f), f), metric) for f in (before, after))
-            except ValueError:
-                row += ["–", "–"]
-                continue
+        twinned = set(rec["twins_drawn"])
+        digits = int(rec["task"].get("digits", 2))
+        row = [run, len(rec["heldout"]), len(rec["twins_in_train_split"]), len(twinned)]
+        reports = [task_report(read(f), f) for f in (before, after)]
+        n = min(int(p["n"]) for r in reports for p in pooled_problems(r))
+        for metric in ("pass@1", f"pass@{min(n, 16)}"):
+            vb, va = (problem_values(r, metric) for r in reports)
             ids = [i for i in vb if vb[i] is not None and va.get(i) is not None]
-            row += [_change(vb, va, ids), _change(vb, va, [i for i in ids if i not in drawn])]
+            (m_all, all_cell), (m_free, free_cell) = _change(vb, va, ids), _change(vb, va, [i for i in ids if i not in twinned])
+            row += [all_cell, free_cell] if metric == "pass@1" else [metric, all_cell, free_cell]
+            if metric == "pass@1" and m_all is not None and m_free is not None:
+                gaps[digits] = max(gaps.get(digits, 0.0), abs(m_all - m_free))
+        lo, hi, size = drawn.get(digits, (len(twinned), len(twinned), len(rec["heldout"])))
+        drawn[digits] = (min(lo, len(twinned)), max(hi, len(twinned)), size)
+        count = len(rec["heldout"]) - len(twinned)
+        flo, fhi = free.get(digits, (count, count))
+        free[digits] = (min(flo, count), max(fhi, count))
         rows.append(row)
-    return rows
+    return Twins(rows, gaps, drawn, free)
 
 
-def twins_line(twins: dict) -> str:
-    """One summary line from the twins record."""
-    runs = twins.get("runs", {})
-    two = [len(r["twins_drawn"]) for r in runs.values() if r["task"].get("digits", 2) == 2]
-    one = [len(r["twins_drawn"]) for r in runs.values() if r["task"].get("digits", 2) == 1]
-    size = lambda rs, d: max((len(r["heldout"]) for r in rs.values() if r["task"].get("digits", 2) == d), default=0)  # noqa: E731
+def twins_line(check: Twins) -> str:
+    """One summary line from the twin check."""
     parts = []
-    if two:
-        parts.append(f"{min(two)}-{max(two)} of {size(runs, 2)} held-out 2-digit sums per run had their twin (b+a for "
-                     "a+b) among the problems the run trained on")
-    if one:
-        parts.append(f"{min(one)}-{max(one)} of {size(runs, 1)} 1-digit sums (Gemma)")
-    return ("; ".join(parts) + " (split_version = 1, what every committed run used); the changes on the twin-free "
-            "problems are beside the changes on all of them in \"Commutative twins in arithmetic\".")
+    if 2 in check.drawn:
+        lo, hi, size = check.drawn[2]
+        parts.append(f"{lo}-{hi} of {size} held-out 2-digit sums per run had their twin (b+a for a+b) among the problems "
+                     f"the run trained on; on the others pass@1 changes within {check.gaps[2]:.3f} of those on all problems")
+    if 1 in check.drawn:
+        lo, hi, size = check.drawn[1]
+        flo, fhi = check.twin_free[1]
+        parts.append(f"{lo}-{hi} of {size} 1-digit sums (Gemma, C3, C7), leaving {flo}-{fhi} twin-free problems (pass@1 "
+                     f"changes within {check.gaps[1]:.3f}): those results are largely on twins of trained problems")
+    return "; ".join(parts) + " (split_version = 1, what every committed run used)."
 
 
-def twins_section(twins: dict, data: Path, read) -> Section:
-    rows = twins_rows(twins, data, read)
+def twins_section(twins: dict, check: Twins, data: Path) -> Section:
     text = ("The arithmetic task's committed split (`split_version = 1`) hashes a problem's expression text, so `47+85` "
             "and `85+47` may fall in different splits: a held-out problem's commutative twin may be a training problem. "
             "`experiments/study/twins.py` rebuilds, from each run's config and log, the training problems it drew "
             f"(`{shown(data / 'analyses/twins/twins.json')}`); per run, the held-out problems whose twin lies in the "
-            "train split, those whose twin the run trained on, and the paired change (after − before, 95% bootstrap) "
-            "on all held-out problems and on those whose twin it did not train on. `split_version = 2` "
-            "(`evolm.tasks.arithmetic`) keeps a+b and b+a in one split, for new runs; re-drawing would change every "
-            "committed run's held-out problems.")
+            "train split, those whose twin the run trained on, and the paired change (after − before; 95% interval: "
+            "bootstrap, exact for a 0/1 metric) on all held-out problems and on those whose twin it did not train on. "
+            "`split_version = 2` (`evolm.tasks.arithmetic`) keeps a+b and b+a in one split, for new runs; re-drawing "
+            "would change every committed run's held-out problems, so the committed runs keep version 1 and this table "
+            "is the check.")
     table = Table(["run", "held-out", "twin in train split", "twin trained on", "pass@1 change, all",
-                   "pass@1 change, twin-free", "pass@16 change, all", "pass@16 change, twin-free"], rows)
+                   "pass@1 change, twin-free", "k", "pass@k change, all", "pass@k change, twin-free"], check.rows)
     return Section("Commutative twins in arithmetic", [text, table])
 
 
@@ -411,12 +434,13 @@ def build_study(claims_path: str | Path, out: str | Path = "docs") -> StudyResul
                     for kind, entries in src.analyses.items()}
     twins_path = data / claims.study.twins if claims.study.twins else None
     twins = reader.json(twins_path) if twins_path is not None and twins_path.exists() else None
+    check = twins_check(twins, data, reader.json) if twins is not None else None
     match = common_match(src)
-    sections = [summary_section(claims, study, src, twins), verdict_table(study)]
+    sections = [summary_section(claims, study, src, check), verdict_table(study)]
     sections += [claim_section(o, data, reader.json, canvas) for o in outcomes]
     sections += [s for s in (premises_section(study),) if s is not None]
     if twins is not None:
-        sections.append(twins_section(twins, data, reader.json))
+        sections.append(twins_section(twins, check, data))
     sections += [intro_section(claims, src, data), method_section()]
     sections += [s for s in (probe_section(src, canvas, match), budget_section(src, match), cost_section(src)) if s is not None]
     sections += analysis_sections(src, canvas)
