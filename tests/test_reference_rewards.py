@@ -321,3 +321,57 @@ def test_the_side_by_side_table_of_docs_rewards_md(completion, totals):
     got = tuple(make_task("countdown", reward=r).reward(completion, example)
                 for r in ("format_answer", "tiered", "qiu_exact", "tinyzero_exact"))
     assert got == pytest.approx(totals)
+
+
+# -- Qiu et al.'s HF-generate scripts: the same reward on prompt + completion (qiu_hf_exact) -----------------------
+
+QIU_PROMPT = ("You are a helpful assistant. You first think about the reasoning process in your mind and then provide the "
+              "user with the answer.Using the numbers [{spaced}], create an equation that equals {target}. You can use "
+              "basic arithmetic operations (+, -, *, /) and each number can only be used once. Show your work in <think> "
+              "</think> tags. And return the final answer in <answer> </answer> tags, for example <answer> (1 + 2) / 3 "
+              "</answer>.Let me solve this step by step.\n<think>")
+"""A countdown.json context (row 0's wording), as their HF scripts tokenize, generate after and decode back."""
+
+
+def _hf_total(response: str, numbers, target, total: float) -> float:
+    """What the HF scripts give a response qiu_exact scores ``total``, worked out from the rules: the prompt's
+    ``<think> </think>`` and its example answer block make the format term at least 0.1 + 0.5 unless the full
+    layout holds (the same in both), and the answer term is the response's (the example never fits these
+    problems); a response holding ``assistant:`` is cut there, prompt and all, so it scores as under qiu_exact."""
+    if "assistant:" in response:
+        return total
+    fmt = qiu_score(response, numbers, target).format_reward
+    answer = 1.0 if total >= 1.0 else 0.0
+    return total if fmt == 1.0 else answer + (0.0 + 0.1 + 0.5) * 0.1
+
+
+@pytest.mark.parametrize("response,numbers,target,total", QIU_CASES)
+def test_qiu_hf_exact_scores_prompt_and_completion_on_the_same_responses(response, numbers, target, total):
+    from evolm.reference_rewards import qiu_hf_score
+
+    prompt = QIU_PROMPT.format(spaced=" ".join(map(str, numbers)), target=target)
+    score = qiu_hf_score(prompt, response, numbers, target)
+    assert score.reward == pytest.approx(_hf_total(response, numbers, target, total), abs=1e-12)
+    assert score.reward == pytest.approx(_oracle_qiu(prompt + response, numbers, target), abs=1e-12)
+    assert score.answer_reward == qiu_score(response, numbers, target).answer_reward  # the answer term is the response's
+    task = make_task("countdown", reward="qiu_hf_exact")
+    example = Example("t", prompt, target, {"numbers": numbers, "prompt": prompt})
+    assert task.reward(response, example) == score.reward
+    verdict = task.check(response, example)
+    assert verdict.correct == (total >= 1.0) and verdict.format_ok == (score.format_reward == 1.0)
+
+
+def test_qiu_hf_exact_gives_every_countdown_json_prompt_format_credit():
+    """The prompt alone (an empty completion) earns 0.1 x (0.1 + 0.5) under their HF scripts, 0 under qiu_exact;
+    on evolm's own rendered prompt the demonstration's answer block counts the same way."""
+    from evolm.reference_rewards import qiu_hf_score
+
+    prompt = QIU_PROMPT.format(spaced="44 19 35", target=98)
+    empty = qiu_hf_score(prompt, "", [44, 19, 35], 98)
+    assert (empty.reward, empty.format_reward, empty.answer_reward) == ((0.1 + 0.5) * 0.1, 0.6, 0.0)
+    assert empty.answer == " (1 + 2) / 3 " and qiu_score("", [44, 19, 35], 98).reward == 0.0
+    assert qiu_hf_score(QIU_PROMPT.format(spaced="1 2 3", target=1), "", [1, 2, 3], 1).reward == pytest.approx(1.06)
+    task = make_task("countdown", reward="qiu_hf_exact")
+    (rendered,) = task.examples("test", 1)
+    assert "<answer>" in task.hf_prompt_text(rendered) and task.reward("", rendered) == pytest.approx(0.05)
+    assert make_task("countdown", reward="qiu_exact").reward("", rendered) == 0.0

@@ -2,8 +2,8 @@
 
 evolm's own checkers (``evolm.tasks.countdown.check_equation`` with the ``format_answer`` and
 ``tiered`` conventions) are lenient on purpose, for small models. The functions here return, for the
-same inputs, the same numbers as the reference code, so a run with ``task.reward = "qiu_exact"`` or
-``"tinyzero_exact"`` optimises and reports the references' rewards. They were written from reading
+same inputs, the same numbers as the reference code, so a run with ``task.reward = "qiu_exact"``,
+``"qiu_hf_exact"`` or ``"tinyzero_exact"`` optimises and reports the references' rewards. They were written from reading
 the references, not copied:
 
 - Qiu et al. 2025, "Evolution Strategies at Scale: LLM Fine-Tuning Beyond Reinforcement Learning"
@@ -20,6 +20,16 @@ the references, not copied:
   block, so its format term is at least 0.5). The response is the generated text; when it contains
   ``"assistant:"`` only the text after the last occurrence, stripped, is scored (what Qiu et al.'s
   training and evaluation scripts do before calling ``reward_function``).
+- Qiu et al.'s HF-generate scripts (``countdown/es_fine-tuning_countdown.py`` and ``countdown/eval_countdown.py``)
+  call the same ``reward_function`` on a different text: ``model.generate`` returns prompt + completion and they
+  decode all of it (``tokenizer.decode(outputs[i], skip_special_tokens=True)``), then apply the same
+  ``"assistant:"`` split, which their ``countdown.json`` prompts never trigger. So the prompt's own
+  ``<think> </think>`` and its example ``<answer> (1 + 2) / 3 </answer>`` are scored too: every row of
+  ``countdown.json`` earns 0.1 x (0.1 + 0.5) = 0.06 before the model writes anything, a completion with an answer
+  block and no think block 1.06 instead of 1.05, and an answer-less completion whose prompt holds the example is
+  scored on the example (the right answer only for the numbers 1, 2, 3 and target 1; no row of countdown.json).
+  ``qiu_hf_score`` is that: ``qiu_score`` of prompt + completion. Their vLLM scripts
+  (``es_fine-tuning_countdown_accl.py``, ``eval_countdown_vllm.py``) score the completion only: ``qiu_score``.
 - TinyZero (github.com/Jiayi-Pan/TinyZero, ``verl/utils/reward_score/countdown.py``,
   ``compute_score`` with ``format_score=0.1, score=1.0``), applied to prompt + response as TinyZero
   decodes them: split at the first ``"Assistant:"`` (else the first ``"<|im_start|>assistant"``; with
@@ -225,6 +235,13 @@ def qiu_score(generated: str, numbers: Sequence[int], target: int | float | str 
     answer_reward, answer = qiu_answer(response, numbers, target)
     return ReferenceScore(reward=format_reward * 0.1 + answer_reward, format_reward=format_reward,
                           answer_reward=answer_reward, answer=answer)
+
+
+def qiu_hf_score(prompt: str, completion: str, numbers: Sequence[int],
+                 target: int | float | str | None) -> ReferenceScore:
+    """Qiu et al.'s countdown reward as their HF-generate scripts compute it: ``reward_function`` of the decoded
+    prompt + completion (special tokens skipped), after the same ``"assistant:"`` split (module docstring)."""
+    return qiu_score(prompt + completion, numbers, target)
 
 
 # -- TinyZero ----------------------------------------------------------------------------------------

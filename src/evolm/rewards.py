@@ -61,7 +61,8 @@ REWARDS: dict[str, Callable[[Verdict], float]] = {"format_answer": format_answer
 """The lenient conventions: functions of a ``Verdict``, for every task."""
 
 EXACT: dict[str, str] = {
-    "qiu_exact": "Qiu et al. 2025's countdown reward",
+    "qiu_exact": "Qiu et al. 2025's countdown reward (the completion, as their vLLM scripts score it)",
+    "qiu_hf_exact": "Qiu et al. 2025's countdown reward on prompt + completion, as their HF-generate scripts score it",
     "tinyzero_exact": "TinyZero's countdown reward",
 }
 """The reference conventions: implemented by the tasks that list them in ``Task.exact_conventions``."""

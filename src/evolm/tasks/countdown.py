@@ -58,10 +58,13 @@ Design decisions:
   numbers it uses or value it has. A correct untagged first line is correct with ``format_ok`` False
   (format_answer 1.0 instead of 1.1; tiered 1.0 either way). All of this is evolm's lenient checker,
   made for small models; the references are stricter in some places and looser in others.
-- The reference conventions ``qiu_exact`` and ``tinyzero_exact`` replace the checker as well as the
+- The reference conventions ``qiu_exact``, ``qiu_hf_exact`` and ``tinyzero_exact`` replace the checker as well as the
   reward: ``check`` then reports the reference's judgement (``evolm.reference_rewards``; correct =
   the reference's answer term is 1, ``format_ok`` = Qiu's full ``<think>``/``<answer>`` layout, or
   for TinyZero an answer was found on the last line), and ``reward`` the reference's total.
+  ``qiu_hf_exact`` scores prompt + completion, as Qiu et al.'s HF-generate scripts decode and score it (their
+  countdown.json prompt alone earns 0.06 there: its ``<think> </think>`` and its example answer block; see
+  ``evolm.reference_rewards``); ``qiu_exact`` the completion, as their vLLM scripts do.
   TinyZero scores prompt + response: for a prompt from a data file that is the file's prompt text;
   for prompts evolm renders (its template, or chat messages) the completion is scored as following
   ``<|im_start|>assistant\n``, the end of a ChatML prompt (SmolLM2's and Qwen's templates): its last
@@ -90,8 +93,8 @@ from collections import Counter
 from fractions import Fraction
 
 from evolm.errors import ConfigError, UserError
-from evolm.reference_rewards import (TINYZERO_MARKERS, ReferenceScore, qiu_answer, qiu_response, qiu_score,
-                                     tinyzero_answer, tinyzero_score)
+from evolm.reference_rewards import (TINYZERO_MARKERS, ReferenceScore, qiu_answer, qiu_hf_score, qiu_response,
+                                     qiu_score, tinyzero_answer, tinyzero_score)
 from evolm.rewards import EXACT, Verdict
 from evolm.tasks import register
 from evolm.tasks.base import Example, special_token_affixes
@@ -168,7 +171,7 @@ class Countdown(ProceduralTask):
     reply_template = "<answer>{solution}</answer>"
     """The demonstration's reply."""
 
-    exact_conventions = ("qiu_exact", "tinyzero_exact")
+    exact_conventions = ("qiu_exact", "qiu_hf_exact", "tinyzero_exact")
 
     def configure(self, numbers: int | list[int] = (2, 3), max_number: int = 10, max_target: int = 50,
                   shots: int = 1, path: str | None = None, train_path: str | None = None,
@@ -275,22 +278,32 @@ class Countdown(ProceduralTask):
 
     # -- scoring -----------------------------------------------------------------------------------
     def extract_answer(self, completion: str) -> str | None:
-        if self.reward_name == "qiu_exact":
+        if self.reward_name in QIU_CONVENTIONS:  # qiu_hf_exact: without the example, the completion's answer
             return qiu_answer(qiu_response(completion), (), 0)[1]
         if self.reward_name == "tinyzero_exact":  # no example, so no file prompt: read as after a ChatML prompt
             return tinyzero_answer(CHATML_PROMPT_END + completion)
         return answer_text(completion)[0]
 
     def reference_score(self, completion: str, example: Example) -> ReferenceScore:
-        """The completion scored by the configured reference convention (qiu_exact or tinyzero_exact)."""
+        """The completion scored by the configured reference convention (qiu_exact, qiu_hf_exact or tinyzero_exact)."""
         numbers, target = example.meta["numbers"], example.answer
-        if self.reward_name == "qiu_exact":
+        if self.reward_name in QIU_CONVENTIONS:
             text = example.meta.get("target_text")
             if text is not None:  # their evaluation reads the file's target text with isdigit(): else no target
                 target = int(text) if text.isdigit() else None
+            if self.reward_name == "qiu_hf_exact":
+                return qiu_hf_score(self.hf_prompt_text(example), completion, numbers, target)
             return qiu_score(completion, numbers, target)
         prompt = example.meta.get("prompt")
         return tinyzero_score((CHATML_PROMPT_END if prompt is None else prompt) + completion, numbers, target)
+
+    def hf_prompt_text(self, example: Example) -> str:
+        """The prompt as Qiu et al.'s HF-generate scripts decode it before the completion (qiu_hf_exact): a data
+        file's prompt verbatim (their countdown.json contexts round-trip through SmolLM2's and Qwen's tokenizers;
+        a BOS token is a special token, skipped in decoding), else evolm's plain-text rendering of its question
+        and demonstrations (what a chat template adds around them besides special tokens is not reproduced)."""
+        prompt = example.meta.get("prompt")
+        return prompt if prompt is not None else ProceduralTask.render_prompt(self, example, None)
 
     def exact_reward(self, completion: str, example: Example) -> float:
         return self.reference_score(completion, example).reward
@@ -298,7 +311,7 @@ class Countdown(ProceduralTask):
     def check(self, completion: str, example: Example) -> Verdict:
         if self.reward_name in EXACT:
             score = self.reference_score(completion, example)
-            format_ok = score.format_reward == 1.0 if self.reward_name == "qiu_exact" else score.answer is not None
+            format_ok = score.format_reward == 1.0 if self.reward_name in QIU_CONVENTIONS else score.answer is not None
             return Verdict(format_ok=format_ok, correct=score.correct, answer=score.answer)
         return check_equation(completion, example.meta["numbers"], example.answer)
 
@@ -313,6 +326,8 @@ class Countdown(ProceduralTask):
 
 
 _CLAIMED_RESULT = re.compile(r"^(.*?)=\s*(-?[0-9]+)$", re.DOTALL)
+QIU_CONVENTIONS = ("qiu_exact", "qiu_hf_exact")
+"""The two readings of Qiu et al.'s reward: the completion (their vLLM scripts) or prompt + completion (HF)."""
 
 
 def check_equation(completion: str, numbers: list[int], target: int) -> Verdict:
