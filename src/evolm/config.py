@@ -229,10 +229,10 @@ class ESSection:
     """Fitness shaping applied to the N member fitnesses before weighting their noise."""
     prompts_per_iteration: int = 32
     """Training prompts drawn per update; a member's fitness is its mean reward over them."""
-    noise: Literal["table", "stream"] = "table"
-    """table: key-derived windows into a seeded shared Gaussian table (Salimans et al. 2017; fast). stream: a fresh Gaussian stream per (iteration, member, tensor) (slower)."""
+    noise: Literal["table", "stream", "counter"] = "table"
+    """table: key-derived windows into a seeded shared Gaussian table (Salimans et al. 2017; fast; the table holds P + 2^25 floats). stream: a fresh Gaussian stream per (iteration, member, tensor) (slower). counter: a hash of (seed, iteration, member, tensor, element) picking one of 4606 normal quantiles (a quantised Gaussian, |z| <= 4.9), computed in chunks where the weights are (no P-sized buffer; the same bits on CPU and GPU). See docs/es.md."""
     noise_table_size: int = 0
-    """Entries in the noise table (float32); 0 picks P + 2^25 for P selected parameters, so no table value repeats within a member's noise (smaller values trade memory for that guarantee)."""
+    """noise = "table": entries in the noise table (float32); 0 picks P + 2^25 for P selected parameters, so no table value repeats within a member's noise (smaller values trade memory for that guarantee)."""
     params: list[str] = field(default_factory=lambda: ["all"])
     """Parameter categories ES perturbs: all, norm, attention, mlp, embedding, lm_head (several allowed)."""
     param_regex: str = ""

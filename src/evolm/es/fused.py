@@ -29,6 +29,12 @@ Design decisions:
   (The perturbed weights can differ from the torch path's in the last bit where torch fuses the
   multiply-add; runs are reproducible on one machine, as the seed log's replay promises.)
 - Only contiguous float32 CPU tensors; anything else takes the torch path.
+- Counter noise (``evolm.es.noise.CounterNoise``): ``counter_perturb`` / ``counter_restore`` /
+  ``counter_update`` compute each block's noise from its key (hash in uint32, lookup in the 18 KB
+  quantile table) inside the same loops, so no noise tensor is ever written; ``counter_fill`` fills a
+  buffer for other consumers. The hash loop has an AVX2 clone chosen at run time (``target_clones``;
+  integer ops, so both clones give the same bits); the float arithmetic is the perturb's above, and the
+  update rounds each product and sum on its own. Tested bit-identical to the torch ops.
 """
 
 from __future__ import annotations
@@ -49,49 +55,45 @@ from evolm.models import cache_dir
 _SOURCE = r"""
 #include <torch/extension.h>
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
 
-std::vector<torch::Tensor> perturb(torch::Tensor theta, torch::Tensor eps, double factor) {
-  // Blocks of B elements: a vectorisable loop computes the perturbed values and a mismatch flag per
-  // element into L1-resident buffers; a scan of the flags (8 at a time) records the originals that
-  // restore would not give back; then the block is written. One read of theta and eps, one write.
-  constexpr int64_t B = 1024;
-  const int64_t n = theta.numel();
-  float* t = theta.data_ptr<float>();
-  const float* e = eps.data_ptr<float>();
-  const float a = static_cast<float>(factor);
-  std::vector<int64_t> idx;
-  std::vector<float> val;
+constexpr int64_t B = 1024;
+
+// The perturb of one block of m elements: n = t + d (d = a * e, rounded: no FMA under
+// -ffp-contract=off), restore's n - d compared bit for bit with t; the originals that would not come
+// back are recorded (global index, value); the block is written. One read of t and e, one write.
+static void perturb_block(float* t, const float* e, float a, int64_t s, int64_t m,
+                          std::vector<int64_t>& idx, std::vector<float>& val) {
   alignas(64) float now[B];
   alignas(64) uint8_t lost[B];
-  for (int64_t s = 0; s < n; s += B) {
-    const int64_t m = std::min(B, n - s);
-    const float* ts = t + s;
-    const float* es = e + s;
-    for (int64_t j = 0; j < m; ++j) {
-      const float d = a * es[j];
-      const float nw = ts[j] + d;
-      const float back = nw - d;
-      uint32_t x, y;
-      std::memcpy(&x, &back, 4);
-      std::memcpy(&y, &ts[j], 4);
-      now[j] = nw;
-      lost[j] = static_cast<uint8_t>(x != y);
-    }
-    int64_t j = 0;
-    for (; j + 8 <= m; j += 8) {
-      uint64_t w;
-      std::memcpy(&w, lost + j, 8);
-      if (w == 0) continue;
-      for (int64_t q = j; q < j + 8; ++q)
-        if (lost[q]) { idx.push_back(s + q); val.push_back(ts[q]); }
-    }
-    for (; j < m; ++j)
-      if (lost[j]) { idx.push_back(s + j); val.push_back(ts[j]); }
-    std::memcpy(t + s, now, m * sizeof(float));
+  const float* ts = t + s;
+  for (int64_t j = 0; j < m; ++j) {
+    const float d = a * e[j];
+    const float nw = ts[j] + d;
+    const float back = nw - d;
+    uint32_t x, y;
+    std::memcpy(&x, &back, 4);
+    std::memcpy(&y, &ts[j], 4);
+    now[j] = nw;
+    lost[j] = static_cast<uint8_t>(x != y);
   }
+  int64_t j = 0;
+  for (; j + 8 <= m; j += 8) {
+    uint64_t w;
+    std::memcpy(&w, lost + j, 8);
+    if (w == 0) continue;
+    for (int64_t q = j; q < j + 8; ++q)
+      if (lost[q]) { idx.push_back(s + q); val.push_back(ts[q]); }
+  }
+  for (; j < m; ++j)
+    if (lost[j]) { idx.push_back(s + j); val.push_back(ts[j]); }
+  std::memcpy(t + s, now, m * sizeof(float));
+}
+
+static std::vector<torch::Tensor> corrections(const std::vector<int64_t>& idx, const std::vector<float>& val) {
   auto where = torch::empty({(int64_t)idx.size()}, torch::kInt64);
   auto orig = torch::empty({(int64_t)val.size()}, torch::kFloat32);
   if (!idx.empty()) {
@@ -99,6 +101,17 @@ std::vector<torch::Tensor> perturb(torch::Tensor theta, torch::Tensor eps, doubl
     std::memcpy(orig.data_ptr<float>(), val.data(), val.size() * sizeof(float));
   }
   return {where, orig};
+}
+
+std::vector<torch::Tensor> perturb(torch::Tensor theta, torch::Tensor eps, double factor) {
+  const int64_t n = theta.numel();
+  float* t = theta.data_ptr<float>();
+  const float* e = eps.data_ptr<float>();
+  const float a = static_cast<float>(factor);
+  std::vector<int64_t> idx;
+  std::vector<float> val;
+  for (int64_t s = 0; s < n; s += B) perturb_block(t, e + s, a, s, std::min(B, n - s), idx, val);
+  return corrections(idx, val);
 }
 
 void restore(torch::Tensor theta, torch::Tensor eps, double factor) {
@@ -111,10 +124,128 @@ void restore(torch::Tensor theta, torch::Tensor eps, double factor) {
     t[i] = t[i] - d;
   }
 }
+
+// ---- counter noise (evolm.es.noise.CounterNoise): element i of a tensor with key words (k0, k1) has
+// the hash h = mix2(mix1(i ^ k0) ^ k1) in uint32 arithmetic (what the torch reference computes in int64
+// with 32-bit masks); u = h >> 12, cell c = u >> 8; its value is table[c] in the bulk and
+// table[4096 + (u & 255)] or table[4352 + (u & 255)] in the two outer cells. Integer ops are exact, so
+// the vectorised clone (AVX2, chosen at run time where the CPU has it) and the plain one agree.
+static inline uint32_t mix1(uint32_t x) {
+  x ^= x >> 16; x *= 0x21f0aaadu;
+  x ^= x >> 15; x *= 0x735a2d97u;
+  return x ^ (x >> 15);
+}
+
+static inline uint32_t mix2(uint32_t x) {  // mix1 without its last xorshift: only the top 20 bits are used
+  x ^= x >> 16; x *= 0x21f0aaadu;
+  x ^= x >> 15; return x * 0x735a2d97u;
+}
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("avx2", "default")))
+#endif
+static void counter_index(uint32_t* __restrict out, int64_t s, int m, uint32_t k0, uint32_t k1) {
+  const uint32_t first = static_cast<uint32_t>(s);  // element indices are < 2^32 (checked in Python)
+  for (int j = 0; j < m; ++j) {
+    const uint32_t u = mix2(mix1((first + static_cast<uint32_t>(j)) ^ k0) ^ k1) >> 12;
+    const uint32_t c = u >> 8, t = u & 255u;
+    out[j] = c == 0u ? 4096u + t : (c == 4095u ? 4352u + t : c);
+  }
+}
+
+// noise of elements s .. s + m - 1 (m <= B) into e
+static inline void counter_block(float* e, const float* table, uint32_t k0, uint32_t k1, int64_t s, int64_t m) {
+  alignas(64) uint32_t ix[B];
+  counter_index(ix, s, static_cast<int>(m), k0, k1);
+  for (int64_t j = 0; j < m; ++j) e[j] = table[ix[j]];
+}
+
+void counter_fill(torch::Tensor out, torch::Tensor table, int64_t k0, int64_t k1, int64_t start) {
+  const int64_t n = out.numel();
+  float* o = out.data_ptr<float>();
+  const float* tab = table.data_ptr<float>();
+  for (int64_t s = 0; s < n; s += B) counter_block(o + s, tab, (uint32_t)k0, (uint32_t)k1, start + s, std::min(B, n - s));
+}
+
+std::vector<torch::Tensor> counter_perturb(torch::Tensor theta, torch::Tensor table, int64_t k0, int64_t k1, double factor) {
+  const int64_t n = theta.numel();
+  float* t = theta.data_ptr<float>();
+  const float* tab = table.data_ptr<float>();
+  const float a = static_cast<float>(factor);
+  std::vector<int64_t> idx;
+  std::vector<float> val;
+  alignas(64) float e[B];
+  for (int64_t s = 0; s < n; s += B) {
+    const int64_t m = std::min(B, n - s);
+    counter_block(e, tab, (uint32_t)k0, (uint32_t)k1, s, m);
+    perturb_block(t, e, a, s, m, idx, val);
+  }
+  return corrections(idx, val);
+}
+
+void counter_restore(torch::Tensor theta, torch::Tensor table, int64_t k0, int64_t k1, double factor) {
+  const int64_t n = theta.numel();
+  float* t = theta.data_ptr<float>();
+  const float* tab = table.data_ptr<float>();
+  const float a = static_cast<float>(factor);
+  alignas(64) float e[B];
+  for (int64_t s = 0; s < n; s += B) {
+    const int64_t m = std::min(B, n - s);
+    counter_block(e, tab, (uint32_t)k0, (uint32_t)k1, s, m);
+    float* ts = t + s;
+    for (int64_t j = 0; j < m; ++j) {
+      const float d = a * e[j];
+      ts[j] = ts[j] - d;
+    }
+  }
+}
+
+// theta += round(scale * acc), acc = sum over d, in order, of round(c_d * eps_d) (from 0), per element;
+// keys: int64 (D, 2), coefs: float64 (D). write = false only checks that every new value is finite.
+bool counter_update(torch::Tensor theta, torch::Tensor table, torch::Tensor keys, torch::Tensor coefs, double scale,
+                    bool write) {
+  const int64_t n = theta.numel();
+  const int64_t D = coefs.numel();
+  float* t = theta.data_ptr<float>();
+  const float* tab = table.data_ptr<float>();
+  const int64_t* k = keys.data_ptr<int64_t>();
+  const double* c64 = coefs.data_ptr<double>();
+  std::vector<float> c(D);
+  for (int64_t d = 0; d < D; ++d) c[d] = static_cast<float>(c64[d]);
+  const float sc = static_cast<float>(scale);
+  alignas(64) float e[B];
+  alignas(64) float acc[B];
+  for (int64_t s = 0; s < n; s += B) {
+    const int64_t m = std::min(B, n - s);
+    std::fill(acc, acc + m, 0.0f);
+    for (int64_t d = 0; d < D; ++d) {
+      counter_block(e, tab, (uint32_t)k[2 * d], (uint32_t)k[2 * d + 1], s, m);
+      const float cd = c[d];
+      for (int64_t j = 0; j < m; ++j) {
+        const float p = cd * e[j];
+        acc[j] = acc[j] + p;
+      }
+    }
+    float* ts = t + s;
+    if (write) {
+      for (int64_t j = 0; j < m; ++j) {
+        const float step = sc * acc[j];
+        ts[j] = ts[j] + step;
+      }
+    } else {
+      for (int64_t j = 0; j < m; ++j) {
+        const float step = sc * acc[j];
+        if (!std::isfinite(ts[j] + step)) return false;
+      }
+    }
+  }
+  return true;
+}
 """
 
 
 NAME = "evolm_es_fused_v2"
+FUNCTIONS = ["perturb", "restore", "counter_fill", "counter_perturb", "counter_restore", "counter_update"]
 CFLAGS = ["-O3", "-ffp-contract=off"]
 BUILD_WAIT_S = 600.0
 """How long a process waits for another one's build of the kernel before it uses the torch path."""
@@ -218,7 +349,7 @@ def kernel():
             t0 = time.perf_counter()
             _ninja_on_path()
             logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
-            module = load_inline(name=NAME, cpp_sources=[_SOURCE], functions=["perturb", "restore"],
+            module = load_inline(name=NAME, cpp_sources=[_SOURCE], functions=FUNCTIONS,
                                  extra_cflags=CFLAGS, build_directory=str(build), verbose=False)
             if fresh:
                 _say(f"fused ES kernel built in {time.perf_counter() - t0:.0f} s")
@@ -237,6 +368,13 @@ def _ninja_on_path() -> None:
     import ninja  # a dependency of evolm; only its binary's location is needed
 
     os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+
+
+def usable_counter(tensor, table) -> bool:
+    """Whether the kernel can perturb / update this tensor with counter noise from ``table`` in place
+    (contiguous float32 on the CPU, fewer than 2^32 elements)."""
+    return (tensor.device.type == "cpu" and tensor.dtype == torch.float32 and tensor.is_contiguous()
+            and tensor.numel() < 1 << 32 and table.device.type == "cpu")
 
 
 def usable(tensor, eps) -> bool:

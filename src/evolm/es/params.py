@@ -28,6 +28,13 @@ Design decisions:
 - The update ``theta += scale * sum_d c_d eps_d`` accumulates the weighted noise in float32 before it
   is added, in a fixed order (tensor by tensor, chunk by chunk, direction by direction), so replaying
   a run's seed log from the base model reproduces its weights bit for bit on the same software stack.
+- Counter noise (``evolm.es.noise.CounterNoise``) is never materialised: perturb, restore and update
+  compute it chunk by chunk where the weights are (``noise.values``), and on CPU the kernel computes
+  it inside its loops (``counter_perturb``, ``counter_restore``, ``counter_update``). Its update rounds
+  every operation on its own, ``acc += round(c_d * eps_d)`` from 0 in direction order, then
+  ``theta + round(scale * acc)`` (the table and stream paths keep their ``add(alpha=)`` arithmetic, so
+  their old seed logs replay unchanged), so a counter run's members and updates are bit-identical
+  on the kernel, the torch ops, any thread count, any chunk size and (by construction) CUDA.
 - No update writes a non-finite value into the weights. A bound proves most updates safe before any
   write (``max |theta| + |scale| * sum_d |c_d| * max |eps|`` at most half the largest finite value of
   the weights' dtype and of float32); when it cannot, a first pass computes every new value without
@@ -46,7 +53,7 @@ import torch
 from evolm.categories import param_category
 from evolm.errors import ConfigError
 from evolm.es import fused
-from evolm.es.noise import NoiseSource
+from evolm.es.noise import CounterNoise, NoiseSource
 
 CHUNK = 1 << 20
 PERTURB_ARITHMETIC = "product-rounded-then-add"
@@ -155,23 +162,40 @@ class ParamSet:
         self._corrections = []
         used_kernel = []
         for k, live in enumerate(self.tensors):
-            eps = self._eps(k, iteration, direction)
             flat = live.view(-1)
-            if self.masters is not None:
-                live.copy_((self.masters[k].view(-1) + eps * factor).view_as(live))  # product rounded, then added
+            if isinstance(self.noise, CounterNoise):  # noise computed here, chunk by chunk (never materialised)
+                keys = self.noise.keys(iteration, direction, self.indices[k])
+                eps = None
+                kern = fused.kernel() if self.masters is None and fused.usable_counter(live, self.noise.table) else None
+            else:
+                eps = self._eps(k, iteration, direction)
+                if self.masters is not None:
+                    live.copy_((self.masters[k].view(-1) + eps * factor).view_as(live))  # product rounded, then added
+                    continue
+                kern = fused.kernel() if fused.usable(live, eps) else None
+            if self.masters is not None:  # counter noise into a lower-precision model: cast(master + d)
+                _, _, d, e = self._buffers(live.device)
+                master = self.masters[k].view(-1)
+                for a in range(0, flat.numel(), CHUNK):
+                    m = min(CHUNK, flat.numel() - a)
+                    torch.mul(self.noise.values(keys, a, m, out=e), factor, out=d[:m])
+                    flat[a:a + m].copy_(master[a:a + m] + d[:m])
                 continue
-            kern = fused.kernel() if fused.usable(live, eps) else None
             used_kernel.append(kern is not None)
             if kern is not None:  # one pass: add, predict restore, record, write (evolm.es.fused)
-                where, values = kern.perturb(flat, eps, factor)
+                if eps is None:
+                    where, values = kern.counter_perturb(flat, self.noise.table, keys[0], keys[1], factor)
+                else:
+                    where, values = kern.perturb(flat, eps, factor)
                 if where.numel():
                     self._corrections.append((k, where, values))
                 continue
-            new, back, d = self._buffers(live.device)
+            new, back, d, e = self._buffers(live.device)
             for a in range(0, flat.numel(), CHUNK):
                 theta = flat[a:a + CHUNK]
                 m = theta.numel()
-                torch.mul(eps[a:a + CHUNK], factor, out=d[:m])  # rounded: no fused multiply-add
+                noise = eps[a:a + CHUNK] if eps is not None else self.noise.values(keys, a, m, out=e)
+                torch.mul(noise, factor, out=d[:m])  # rounded: no fused multiply-add
                 torch.add(theta, d[:m], out=new[:m])
                 torch.sub(new[:m], d[:m], out=back[:m])  # what restore() will compute
                 where = _bitwise_mismatches(back[:m], theta)
@@ -188,28 +212,34 @@ class ParamSet:
             raise RuntimeError("restore() without perturb()")
         iteration, direction, sign, sigma = self._perturbed
         factor = float(sign) * float(sigma)
+        counter = isinstance(self.noise, CounterNoise)
         for k, live in enumerate(self.tensors):
             if self.masters is not None:
                 live.copy_(self.masters[k].view_as(live))
                 continue
-            eps = self._eps(k, iteration, direction)
             flat = live.view(-1)
+            keys = self.noise.keys(iteration, direction, self.indices[k]) if counter else None
+            eps = None if counter else self._eps(k, iteration, direction)
             if self._used_kernel[k]:  # the same arithmetic the perturb predicted
-                fused.kernel().restore(flat, eps, factor)
+                if counter:
+                    fused.kernel().counter_restore(flat, self.noise.table, keys[0], keys[1], factor)
+                else:
+                    fused.kernel().restore(flat, eps, factor)
                 continue
-            _, _, d = self._buffers(live.device)
+            _, _, d, e = self._buffers(live.device)
             for a in range(0, flat.numel(), CHUNK):
                 m = min(CHUNK, flat.numel() - a)
-                torch.mul(eps[a:a + CHUNK], factor, out=d[:m])
+                noise = self.noise.values(keys, a, m, out=e) if counter else eps[a:a + CHUNK]
+                torch.mul(noise, factor, out=d[:m])
                 flat[a:a + CHUNK].sub_(d[:m])
         for k, where, values in self._corrections:
             self.tensors[k].view(-1)[where] = values
         self._corrections = []
         self._perturbed = None
 
-    def _buffers(self, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _buffers(self, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         if getattr(self, "_buf", None) is None or self._buf[0].device != torch.device(device):
-            self._buf = tuple(torch.empty(CHUNK, device=device) for _ in range(3))
+            self._buf = tuple(torch.empty(CHUNK, device=device) for _ in range(4))
         return self._buf
 
     @property
@@ -247,6 +277,8 @@ class ParamSet:
 
     def _add_update(self, iteration: int, coefficients: list[float], scale: float, write: bool) -> bool:
         """Add the update (``write``), or only check that every new value would be finite (returns False if not)."""
+        if isinstance(self.noise, CounterNoise):
+            return self._add_counter_update(iteration, coefficients, scale, write)
         for k, live in enumerate(self.tensors):
             target = (self.masters[k] if self.masters is not None else live).view(-1)
             noises = [(c, self._eps(k, iteration, d)) for d, c in enumerate(coefficients) if c != 0.0]
@@ -260,6 +292,40 @@ class ParamSet:
                 new = torch.add(target[a:a + CHUNK], acc, alpha=scale)
                 if not bool(torch.isfinite(new).all()) or not bool(torch.isfinite(new.to(live.dtype)).all()):
                     return False
+            if write and self.masters is not None:
+                live.copy_(self.masters[k].view_as(live))
+        return True
+
+    def _add_counter_update(self, iteration: int, coefficients: list[float], scale: float, write: bool) -> bool:
+        """The update with counter noise, computed chunk by chunk where the weights are: per element
+        ``acc = sum_d round(c_d * eps_d)`` (from 0, directions in order, zero coefficients skipped), then
+        ``theta + round(scale * acc)``: the same rounded operations in the kernel and in torch ops."""
+        active = [(d, c) for d, c in enumerate(coefficients) if c != 0.0]
+        noise = self.noise
+        for k, live in enumerate(self.tensors):
+            target = (self.masters[k] if self.masters is not None else live).view(-1)
+            keys = [noise.keys(iteration, d, self.indices[k]) for d, _ in active]
+            exact_check = write or self.masters is None  # the kernel checks float32 finiteness only
+            kern = fused.kernel() if exact_check and fused.usable_counter(target, noise.table) else None
+            if kern is not None:
+                ok = kern.counter_update(target, noise.table, torch.tensor(keys, dtype=torch.int64).view(-1, 2),
+                                         torch.tensor([c for _, c in active], dtype=torch.float64), scale, write)
+                if not ok:
+                    return False
+            else:
+                new, _, step, e = self._buffers(target.device)
+                for a in range(0, target.numel(), CHUNK):
+                    m = min(CHUNK, target.numel() - a)
+                    acc = torch.zeros(m, dtype=torch.float32, device=target.device)
+                    for key, (_, c) in zip(keys, active):
+                        acc.add_(torch.mul(noise.values(key, a, m, out=e), c, out=step[:m]))
+                    torch.mul(acc, scale, out=step[:m])
+                    if write:
+                        target[a:a + m].add_(step[:m])
+                        continue
+                    torch.add(target[a:a + m], step[:m], out=new[:m])
+                    if not bool(torch.isfinite(new[:m]).all()) or not bool(torch.isfinite(new[:m].to(live.dtype)).all()):
+                        return False
             if write and self.masters is not None:
                 live.copy_(self.masters[k].view_as(live))
         return True
