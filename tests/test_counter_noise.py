@@ -361,3 +361,21 @@ def test_lowrank_factors_draw_from_counter_noise(tiny_model):
     assert a.shape == (300, 4) and b.shape == (200, 4)
     assert torch.equal(a, noise.factors(2, 1, 0)[0]) and not torch.equal(a, noise.factors(2, 2, 0)[0])
     assert noise.describe()["base"]["kind"] == "counter"
+
+
+def test_a_lowrank_run_on_counter_noise_trains_and_replays(tmp_path, tokenizer, vowel_task):
+    from conftest import make_tiny_model
+
+    from evolm.es.engine import replay
+
+    cfg = _cfg(tmp_path, iterations=2, perturbation="lowrank", rank=2, estimator="antithetic")
+    run, trained = _run(cfg, tokenizer, vowel_task)
+    header = run.seed_log()[0]
+    assert header["noise"]["kind"] == "lowrank" and header["noise"]["base"]["kind"] == "counter"
+    assert "applied" in [r["status"] for r in run.seed_log()[1:]]
+    base = make_tiny_model(tokenizer)
+    assert any(not torch.equal(p, q) for p, q in zip(base.parameters(), trained.parameters()))
+    replayed = make_tiny_model(tokenizer)
+    replay(replayed, run.seed_log(), cfg)
+    for (n, p), q in zip(trained.named_parameters(), replayed.parameters()):
+        assert torch.equal(p, q), n
