@@ -230,6 +230,8 @@ BULK = 1 << BULK_BITS
 TAIL = 1 << TAIL_BITS
 COUNTER_TABLE_SHA256 = "a0676996e54e4b1f174c6fa1a6b5475a177ba7264102c24c057cda85f78caad5"
 """SHA-256 of the float32 quantile table, as this code computes it on every platform."""
+COUNTER_QUANTILES = {"bulk_bits": BULK_BITS, "tail_bits": TAIL_BITS, "sha256": COUNTER_TABLE_SHA256}
+"""How a seed-log header names the quantile table."""
 COUNTER_UPDATE = "products-rounded-then-added"
 """The counter path's update arithmetic: ``acc += round(c_d * eps_d)``, then ``theta += round(scale * acc)``."""
 MASK32 = 0xFFFFFFFF
@@ -398,7 +400,7 @@ class CounterNoise(NoiseSource):
 
     def describe(self) -> dict:
         return {"kind": self.kind, "seed": self.seed, "version": COUNTER_VERSION, "hash": COUNTER_HASH,
-                "quantiles": {"bulk_bits": BULK_BITS, "tail_bits": TAIL_BITS, "sha256": COUNTER_TABLE_SHA256},
+                "quantiles": dict(COUNTER_QUANTILES),
                 "update": self.update_arithmetic}
 
     def to(self, device) -> "CounterNoise":
@@ -420,7 +422,7 @@ def counter_from_header(described: dict, device="cpu") -> CounterNoise:
     if version != COUNTER_VERSION or described.get("hash") != COUNTER_HASH:
         raise ValueError(f"the run drew counter noise version {version} ({described.get('hash')}); this evolm "
                          f"computes version {COUNTER_VERSION} only and cannot replay it")
-    if described.get("quantiles") != CounterNoise(0).describe()["quantiles"]:
+    if described.get("quantiles") != COUNTER_QUANTILES:
         raise ValueError(f"the run's counter-noise quantile table ({described.get('quantiles')}) is not this evolm's; "
                          "it cannot be replayed here")
     return CounterNoise(int(described["seed"]), device)
