@@ -423,7 +423,7 @@ def test_an_actor_with_other_weights_stops_the_run_in_one_line(tmp_path, tiny_di
 def test_cli_with_two_workers_matches_the_local_run_on_the_real_model(tmp_path):
     repo = Path(__file__).resolve().parents[1]
     common = ["--config", str(repo / "configs" / "es-arithmetic.toml"), "--set", f"run.out_dir='{tmp_path}'",
-              "--set", "es.iterations=2", "--set", "es.prompts_per_iteration=8", "--set", "es.population=4",
+              "--set", "es.iterations=2", "--set", "es.prompts_per_iteration=4", "--set", "es.population=4",
               "--set", "generation.max_new_tokens=8", "--set", "eval.before_after=false", "--set", "probe.every=0",
               "--set", "run.checkpoint_every=0", "--set", "run.progress=false"]
     env = {**os.environ, "PYTHONPATH": str(repo / "src"), "RAY_memory_monitor_refresh_ms": "0"}  # see ray_instance

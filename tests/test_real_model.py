@@ -18,8 +18,8 @@ def test_two_es_iterations_on_the_default_model(tmp_path):
 
     cfg = config.from_dict(config.ESJob, {}, [
         f"run.out_dir='{tmp_path}'", "run.name='real'", "run.progress=false", "run.checkpoint_every=1",
-        "es.iterations=2", "es.population=2", "es.prompts_per_iteration=4", "generation.max_new_tokens=12",
-        "eval.count=4", "eval.n_samples=2", "eval.k=[1,2]"])
+        "es.iterations=2", "es.population=2", "es.prompts_per_iteration=2", "generation.max_new_tokens=12",
+        "eval.count=2", "eval.n_samples=2", "eval.k=[1,2]"])
     model, tokenizer = load(cfg.model.spec, threads=1)
     base = {n: p.detach().clone() for n, p in model.named_parameters()}
     run = run_es(cfg, model=model, tokenizer=tokenizer, quiet=True)
