@@ -6,6 +6,7 @@ the tokenizer of the cached default model (converted from the embedded GGUF once
 
 from __future__ import annotations
 
+import copy
 import os
 
 import pytest
@@ -28,20 +29,32 @@ def tokenizer():
     return tok
 
 
+_TINY_MODELS: dict[tuple, tuple] = {}
+
+
 def make_tiny_model(tokenizer, seed: int = 0, hidden: int = 64, layers: int = 2):
-    """A randomly initialised llama with the real tokenizer's vocabulary (about 3.3M parameters)."""
+    """A randomly initialised llama with the real tokenizer's vocabulary (about 3.3M parameters).
+
+    The suite asks for a few hundred of these; each distinct one is built once per process and then
+    handed out as a deep copy, with the global torch RNG left in the state the build leaves it in:
+    a caller gets exactly what a fresh build would give it (weights, config, RNG state), in ~10 ms."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden,
-                      num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                      max_position_embeddings=512, tie_word_embeddings=True,
-                      bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                      pad_token_id=tokenizer.pad_token_id)
-    model = LlamaForCausalLM(cfg).eval()
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    return model
+    key = (len(tokenizer), tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id, seed, hidden, layers)
+    if key not in _TINY_MODELS:
+        torch.manual_seed(seed)
+        cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden,
+                          num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                          max_position_embeddings=512, tie_word_embeddings=True,
+                          bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                          pad_token_id=tokenizer.pad_token_id)
+        model = LlamaForCausalLM(cfg).eval()
+        model.generation_config.eos_token_id = tokenizer.eos_token_id
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+        _TINY_MODELS[key] = (model, torch.get_rng_state())
+    model, rng_state = _TINY_MODELS[key]
+    torch.set_rng_state(rng_state)
+    return copy.deepcopy(model)
 
 
 @pytest.fixture
