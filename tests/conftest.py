@@ -2,10 +2,14 @@
 
 Fast tests never load the 135M model: they build a 2-layer llama in code (seconds) and borrow only
 the tokenizer of the cached default model (converted from the embedded GGUF once per machine).
+
+``make test`` runs the suite on two pytest-xdist workers (``-n 2 --dist loadfile``): one worker runs a
+whole test file, in its own order, so module fixtures are built once (see ``LONG_FILES``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 
@@ -16,13 +20,68 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 torch.set_num_threads(1)
 
 
+# -- two pytest-xdist workers (make test) ---------------------------------------------------------------
+# Each test file runs on one worker, start to end in its own order (--dist loadfile). The workers take the
+# files in collection order, so the files that take minutes are put first: the short ones then fill in
+# at the end instead of one long file running alone. A scheduling hint only; a file not listed keeps
+# its place after these.
+LONG_FILES = ("test_ray_population.py", "test_custom_tasks.py", "test_examples.py", "test_lowrank.py",
+              "test_embedded_real.py", "test_real_model.py", "test_trainer.py", "test_study.py", "test_pipeline.py",
+              "test_es.py", "test_faults.py", "test_reliability.py", "test_trackers.py", "test_validity.py",
+              "test_report.py", "test_sweep.py")
+# The code sandbox sizes a program's process budget (RLIMIT_NPROC) from the tasks uid nobody has
+# machine-wide when it starts, so a fork bomb in one worker could starve a program started in the
+# other: the tests of these files take a lock shared by the workers, one test at a time.
+SANDBOX_FILES = ("test_sandbox.py", "test_code_tasks.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    if hasattr(config, "workerinput"):  # an xdist worker; every worker reorders alike
+        rank = {name: i for i, name in enumerate(LONG_FILES)}
+        items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: file order kept otherwise
+
+
+@pytest.fixture(autouse=True)
+def _one_sandbox_test_at_a_time(request):
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run is None or request.node.path.name not in SANDBOX_FILES:
+        yield
+        return
+    import fcntl
+    import tempfile
+
+    with open(os.path.join(tempfile.gettempdir(), f"evolm-tests-{run}-sandbox.lock"), "a") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        yield
+
+
+@contextlib.contextmanager
+def cache_lock():
+    """Exclusive use of the evolm cache while converting (on a fresh machine both xdist workers would
+    otherwise dequantise the embedded GGUF at once; the conversion itself is atomic either way)."""
+    import fcntl
+
+    from evolm.resources import cache_dir
+
+    root = cache_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / ".tests.lock", "a") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     from transformers import AutoTokenizer
 
     from evolm import models
 
-    tok = AutoTokenizer.from_pretrained(models.local_dir(models.DEFAULT_MODEL))
+    with cache_lock():
+        path = models.local_dir(models.DEFAULT_MODEL)
+    tok = AutoTokenizer.from_pretrained(path)
     tok.padding_side = "left"
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
