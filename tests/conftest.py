@@ -116,6 +116,16 @@ def make_tiny_model(tokenizer, seed: int = 0, hidden: int = 64, layers: int = 2)
     return copy.deepcopy(model)
 
 
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory, tokenizer):
+    """A tiny random llama (``make_tiny_model``) saved with the real tokenizer as a model directory: the spec
+    CLI runs, Ray actors and the Python API load. Read-only: tests that change weights write elsewhere."""
+    path = tmp_path_factory.mktemp("tiny") / "model"
+    make_tiny_model(tokenizer).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
 @pytest.fixture
 def tiny_model(tokenizer):
     return make_tiny_model(tokenizer)

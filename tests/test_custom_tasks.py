@@ -247,16 +247,6 @@ def test_dataset_task_with_a_reward_counts_the_threshold_as_correct(tmp_path, re
 
 # -- every verb, and Ray, on the plugin's task and reward -----------------------------------------------------
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory, tokenizer):
-    from conftest import make_tiny_model
-
-    path = tmp_path_factory.mktemp("tiny") / "model"
-    make_tiny_model(tokenizer).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
-
-
 def _plugin_sets(tiny_dir, out: Path, name: str, *extra) -> list[str]:
     sets = [f"model.spec='{tiny_dir}'", f"run.out_dir='{out}'", f"run.name='{name}'", "run.progress=false",
             "task.name='vowel_words'", "task.params={}", "task.reward='vowel_share'", "task.correct='mostly_vowels'",

@@ -242,16 +242,6 @@ def test_workers_without_ray_installed_is_a_one_line_config_error(monkeypatch):
 # -- real Ray on a tiny model ------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory, tokenizer):
-    from conftest import make_tiny_model
-
-    path = tmp_path_factory.mktemp("tiny") / "model"
-    make_tiny_model(tokenizer).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
-
-
-@pytest.fixture(scope="module")
 def ray_instance():
     """One private Ray instance for the module (run_es uses an initialised Ray as it is)."""
     ray = pytest.importorskip("ray")

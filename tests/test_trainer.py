@@ -35,16 +35,6 @@ def reward_file(tmp_path_factory):
     return path
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory, tokenizer):
-    from conftest import make_tiny_model
-
-    path = tmp_path_factory.mktemp("tiny") / "model"
-    make_tiny_model(tokenizer).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
-
-
 def _weights(directory: Path) -> dict:
     from safetensors.torch import load_file
 
