@@ -188,7 +188,7 @@ def test_checksums_cover_masters_and_generation_weights(tokenizer):
     class Engine:  # a ParamSet that lives in an engine reports the engine's own checksums
         masters, names = None, ["a"]
 
-        def engine_crc32(self):
+        def engine_checksums(self):
             return [7]
 
     assert weights_checksum(Engine()) == [7]
@@ -211,7 +211,7 @@ def test_a_replica_builds_its_generator_first_and_perturbs_through_it(tmp_path, 
     class Engine(HFGenerator):  # stands in for VLLMGenerator: its own copy of the weights, attach_paramset
         def attach_paramset(self, local):
             events.append("attach")
-            local.engine_crc32 = lambda: [len(events)] * len(local.names)
+            local.engine_checksums = lambda: [len(events)] * len(local.names)
             return local
 
         def close(self):
@@ -403,6 +403,41 @@ def test_an_actor_with_other_weights_stops_the_run_in_one_line(tmp_path, tiny_di
                                                r"\(first differing tensor: model\.embed_tokens\.weight\)"):
         RayPopulation(cfg, params, None, vowel_task, spec=str(tiny_dir), say=lambda *a: None)
     assert ray_instance.is_initialized()  # a Ray the population did not start is left running
+
+
+@pytest.mark.ray
+def test_the_driver_copy_waits_for_sync_and_is_checked_against_the_actors(tmp_path, tiny_dir, tokenizer, ray_instance,
+                                                                          vowel_task):
+    """Updates reach the actors at once and the driver's copy only at ``sync`` (no CPU pass per update),
+    bit-identical then; a driver copy that replays differently stops the run in one line."""
+    from conftest import make_tiny_model
+
+    from evolm.es.engine import build_paramset
+    from evolm.es.ray_population import DistributedError, RayPopulation, weights_checksum
+    from evolm.es.update import Update
+
+    cfg = _cfg(tmp_path, tiny_dir, 1)
+    params = build_paramset(make_tiny_model(tokenizer), cfg)
+    reference = build_paramset(make_tiny_model(tokenizer), cfg)
+    base = weights_checksum(params)
+    population = RayPopulation(cfg, params, type("NoEngine", (), {"sync_weights": lambda self: None})(), vowel_task,
+                               spec=str(tiny_dir), say=lambda *a: None)
+    try:
+        for iteration in range(2):
+            assert population.apply_update(iteration, Update([1.0, -0.5, 0.25, 0.75], 1e-2, "applied")).applies
+            assert reference.apply_update(iteration, [1.0, -0.5, 0.25, 0.75], 1e-2)
+        assert params.deferred == 2 and weights_checksum(params) == base  # the driver's copy is untouched so far
+        assert population._checksum == weights_checksum(reference) != base  # the actor's weights moved
+        population.sync()
+        assert params.deferred == 0 and all(torch.equal(a, b) for a, b in zip(params.tensors, reference.tensors))
+        assert population.apply_update(2, Update([1.0], 1e-2, "applied")).applies
+        with torch.no_grad():
+            params.tensors[1].add_(1e-3)  # the driver's copy drifts from the actors'
+        with pytest.raises(DistributedError, match=r"rebuilt from the seed log, differs from the Ray actors' \(first "
+                                                   r"differing tensor: "):
+            population.sync()
+    finally:
+        population.close()
 
 
 # -- the command line, with its own private Ray, on the real model -----------------------------------

@@ -105,8 +105,12 @@ def test_update_matches_hf_and_driver(setup):
     engine = generator.attach_paramset(_hf_paramset(model, 11))
     hf = _hf_paramset(reference, 11)
     coefficients, scale = [1.0, -0.5, 0.25, 0.0], 2e-4
-    engine.apply_update(7, coefficients, scale)  # checks workers == driver itself (raises otherwise)
+    before = _model_digests(model)
+    assert engine.apply_update(7, coefficients, scale)
     hf.apply_update(7, coefficients, scale)
+    assert _engine_digests(generator) == _model_digests(reference) != before
+    assert engine.deferred == 1 and _model_digests(model) == before  # the driver's copy waits until it is read
+    assert engine.catch_up() == 1  # checks the driver against the workers' checksum (raises otherwise)
     assert _engine_digests(generator) == _model_digests(reference) == _model_digests(model)
 
 
@@ -155,6 +159,25 @@ def test_weights_changed_outside_es_are_pushed(setup):
     generator.sync_weights()
     assert _engine_digests(generator) == _model_digests(model)
     assert _model_digests(model, ["model.norm.weight"])["model.norm.weight"] == digest(state["model.norm.weight"])
+
+
+def test_heldout_evaluation_through_the_engine_gives_the_hf_records(setup):
+    """``generation.eval_backend = "same"``: held-out evaluation on the engine writes the same per-problem
+    records as the HF backend (greedy: the same answers and verdicts), only token entropy is absent."""
+    from evolm.evaluate import evaluate_task
+
+    generator, model, reference, tok, prompts = setup
+    task = make_task("arithmetic", "qiu", None, digits=2, operators="+", terms=2)
+    examples = task.examples("test", 12, seed=5)
+    sampling = SamplingParams(n=1, temperature=0.0, max_new_tokens=16, seed=7)
+    on_engine = evaluate_task(generator, task, tok, examples, sampling, ks=(1,), progress=False)
+    on_hf = evaluate_task(HFGenerator(model, tok), task, tok, examples, sampling, ks=(1,), progress=False)
+    assert [p.id for p in on_engine.problems] == [p.id for p in on_hf.problems] == [str(e.id) for e in examples]
+    assert [p.answers for p in on_engine.problems] == [p.answers for p in on_hf.problems]
+    assert [p.correct for p in on_engine.problems] == [p.correct for p in on_hf.problems]
+    assert on_engine.summary["pass@1"] == on_hf.summary["pass@1"] and on_engine.sampling == on_hf.sampling
+    assert all(e is None for p in on_engine.problems for e in p.entropy)
+    assert all(e is not None for p in on_hf.problems for e in p.entropy)
 
 
 def test_es_cli_end_to_end_two_iterations(tmp_path):

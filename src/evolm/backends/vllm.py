@@ -10,9 +10,12 @@ Design decisions:
   driver's checksums at set-up (``evolm.es.vllm_worker``).
 - ES through ``EngineParamSet`` (what ``evolm.es.engine.build_paramset`` returns when the generator
   offers ``attach_paramset``): ``perturb``/``restore`` run in the workers only (one RPC with four
-  scalars; no weights travel per member); ``apply_update`` runs on the workers and, at the same time in
-  this process, on the driver's model through an ordinary ``ParamSet`` (same arithmetic), after which
-  the two checksums must agree or the run stops. ``LocalPopulation`` and the engine loop are unchanged.
+  scalars; no weights travel per member); ``apply_update`` runs on the workers only, and the driver's
+  model (an ordinary ``ParamSet``, same arithmetic) queues it (``ParamSet.defer_update``): an update costs
+  the engine's in-place step, not a pass over a second copy of the model. The queue is applied
+  (``catch_up``) when the driver's weights are read — checkpoints, probes, centre evaluation, the end of
+  the run (``population.sync`` in the engine loop) — and the driver's checksum must then equal the
+  workers' or the run stops. ``LocalPopulation`` and the engine loop are otherwise unchanged.
 - The prefix cache is reset after every weight change (perturb, restore, update, push): a KV prefix
   computed with other weights would otherwise be reused silently (tested).
 - ``sync_weights()`` pushes the driver's weights to the engine only when they changed outside ES
@@ -37,7 +40,6 @@ import hashlib
 import os
 import shutil
 import tempfile
-import threading
 from pathlib import Path
 
 import torch
@@ -54,16 +56,6 @@ _INT_VIEW = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.floa
 def checksum(tensor: torch.Tensor) -> int:
     """The int64 sum of a float tensor's bit patterns: equal for bit-identical tensors."""
     return int(tensor.contiguous().view(_INT_VIEW[tensor.dtype]).sum(dtype=torch.int64))
-
-
-def crc32(tensor: torch.Tensor) -> int:
-    """CRC-32 of a tensor's bytes (what a Ray population's replicas report, ``ray_population.weights_checksum``)."""
-    import zlib
-
-    t = tensor.detach()
-    if t.device.type != "cpu":
-        t = t.cpu()
-    return zlib.crc32(t.contiguous().view(torch.uint8).numpy())
 
 
 def digest(tensor: torch.Tensor) -> str:
@@ -154,6 +146,9 @@ class VLLMGenerator(Generator):
     def sync_weights(self) -> None:
         """Push the driver model's weights to the engine if they changed outside ES since the last push."""
         if _signature(self._watched()) != self._synced:
+            if self._paramset is not None and self._paramset.deferred:
+                raise RuntimeError("the driver's weights changed outside ES while updates to them were still deferred "
+                                   "(EngineParamSet.catch_up first)")
             self.push_weights()
 
     @torch.no_grad()
@@ -243,6 +238,7 @@ class EngineParamSet:
         self.indices = local.indices
         generator.rpc("es_setup", self.indices, self.names, self.noise.describe())
         self._perturbed = None
+        self._engine_sum = None
 
     # the attributes the engine reads
     @property
@@ -271,6 +267,7 @@ class EngineParamSet:
         return self.local.perturb_path
 
     def state_dict(self) -> dict[str, torch.Tensor]:
+        self.catch_up()
         return self.local.state_dict()
 
     def perturb(self, iteration: int, direction: int, sign: int, sigma: float) -> None:
@@ -288,44 +285,48 @@ class EngineParamSet:
         self._perturbed = None
 
     def apply_update(self, iteration: int, coefficients, scale: float) -> bool:
-        """Update the workers and the driver's model side by side; stop if they end up different. Returns
-        False when the update was refused (it would make a weight non-finite: every copy refuses it alike)."""
+        """Update the workers' weights (in place, on their device) and queue the update for the driver's
+        model (``catch_up``: applied when the driver's weights are read, then checked against the workers'
+        checksum). Returns False when the update was refused (it would make a weight non-finite)."""
         if self._perturbed is not None:
             raise RuntimeError("apply_update() while perturbed; restore() first")
         coefficients = [float(c) for c in coefficients]
-        remote: dict = {}
-
-        def call():
-            try:
-                remote["sums"] = self.generator.rpc("es_apply_update", iteration, coefficients, float(scale))
-            except BaseException as e:  # re-raised below
-                remote["error"] = e
-
-        worker = threading.Thread(target=call, name="vllm-es-update")
-        worker.start()
-        applied = self.local.apply_update(iteration, coefficients, scale)
-        local = self.local
-        mine = sum(checksum(t) for t in (local.masters if local.masters is not None else local.tensors))
-        worker.join()
-        if "error" in remote:
-            raise remote["error"]
+        answers = self.generator.rpc("es_apply_update", iteration, coefficients, float(scale))
         self.generator.reset_prefix_cache()
-        self.generator._synced = _signature(self.generator._watched())  # masters are bumped by the update itself
-        if any(s != mine for s in remote["sums"]):
-            raise RuntimeError(f"after update {iteration + 1} the vLLM workers' weights differ from the driver's "
-                               f"(checksums {remote['sums']} vs {mine}); the run stops rather than train a model it "
-                               "cannot save")
+        if any(a != answers[0] for a in answers[1:]):
+            raise RuntimeError(f"after update {iteration + 1} the vLLM workers' weights differ ({answers}); the run stops")
+        applied = answers[0]["applied"]
+        if applied:
+            self.local.defer_update(iteration, coefficients, scale)
+            self._engine_sum = answers[0]["sum"]
         return applied
+
+    @property
+    def deferred(self) -> int:
+        return self.local.deferred
+
+    def catch_up(self) -> int:
+        """Apply the deferred updates to the driver's model and check it against the workers: a driver
+        whose replay differs stops the run rather than save a model the engine did not train."""
+        done = self.local.catch_up()
+        if done:
+            local = self.local
+            mine = sum(checksum(t) for t in (local.masters if local.masters is not None else local.tensors))
+            self.generator._synced = _signature(self.generator._watched())  # masters are bumped by the update itself
+            if mine != self._engine_sum:
+                raise RuntimeError(f"the driver's weights, brought up to date, differ from the vLLM workers' (checksums "
+                                   f"{mine} vs {self._engine_sum}); the run stops rather than save a model it did not train")
+        return done
 
     def checksums(self) -> dict[str, int]:
         """The engine's per-tensor checksums (HF names)."""
         return self.generator.rpc("es_checksums")[0]
 
-    def engine_crc32(self) -> list[int]:
-        """CRC-32 of every selected tensor as the engine holds it (its float32 masters first when kept,
+    def engine_checksums(self) -> list[int]:
+        """The replica checksum (``es.checksum``) of every selected tensor as the engine holds it (its float32 masters first when kept,
         then the live weights it generates from), in ParamSet order, computed inside the worker: what a
         Ray actor reports, so the driver checks the engine's weights, not the actor's HF mirror."""
-        sums = self.generator.rpc("es_crc32")
+        sums = self.generator.rpc("es_replica_checksums")
         if any(s != sums[0] for s in sums[1:]):
-            raise RuntimeError(f"the vLLM workers hold different weights (CRC-32 per tensor differ between {len(sums)} workers)")
+            raise RuntimeError(f"the vLLM workers hold different weights (checksums per tensor differ between {len(sums)} workers)")
         return sums[0]

@@ -40,7 +40,9 @@ from evolm.console import Say, progress_bar
 from evolm.errors import ConfigError
 from evolm.es.noise import make_noise, noise_from_header
 from evolm.es.params import PERTURB_ARITHMETIC, ParamSet
-from evolm.es.population import make_population, score_completions
+from evolm.es.lowrank import LowRankNoise, LowRankParamSet
+from evolm.es.lowrank_population import LowRankPopulation
+from evolm.es.population import LocalPopulation, score_completions
 from evolm.es.update import compute_update, member_layout
 from evolm.heldout import probe_record
 from evolm.runs import RunDir, TrainResult, budget_reached, load_weights, train_record
@@ -70,8 +72,6 @@ def build_paramset(model, cfg, header: dict | None = None, generator: Generator 
     (``attach_paramset``), so that members are perturbed where generation happens."""
     es = cfg.es
     if es.perturbation == "lowrank":
-        from evolm.es.lowrank import build_lowrank_paramset
-
         return build_lowrank_paramset(model, cfg, header)
     params = ParamSet(model, None, categories=tuple(es.params), regex=es.param_regex)
     device = params.tensors[0].device
@@ -82,6 +82,36 @@ def build_paramset(model, cfg, header: dict | None = None, generator: Generator 
         params.noise = noise_from_header(header["noise"], params.layout, device)
     attach = getattr(generator, "attach_paramset", None)
     return attach(params) if attach is not None else params
+
+
+def build_lowrank_paramset(model, cfg, header: dict | None = None) -> LowRankParamSet:
+    """The low-rank ParamSet of an ES job config (``es.perturbation = "lowrank"``), with its keyed noise.
+
+    The base noise source sees the members' draws as its parameter layout (``draw_layout``: (out + in) r
+    values per matrix, numel per vector), so with the table one member's factors are one contiguous
+    stretch of it, no value used twice. ``header``: an existing run's seed-log header (resume,
+    replay), checked against the config (``check_header``) and rebuilt as the run drew it."""
+    es = cfg.es
+    params = LowRankParamSet(model, None, categories=tuple(es.params), regex=es.param_regex, rank=es.rank)
+    device = params.tensors[0].device
+    if header is None:
+        base = make_noise(es.noise, derive_seed(cfg.run.seed, "noise"), params.draw_layout, es.noise_table_size, device)
+    else:
+        check_header(header, params, cfg)
+        base = noise_from_header(header["noise"]["base"], params.draw_layout, device)
+    params.noise = LowRankNoise(base, {i: s for i, s in zip(params.indices, params.shapes)}, es.rank)
+    return params
+
+
+def make_population(cfg, params: ParamSet, generator: Generator, task: Task):
+    """The population an ES job's config asks for: local (this process, one member after another), or
+    low-rank (``es.perturbation = "lowrank"``: all members in batched forward passes,
+    ``es/lowrank_population.py``). ``distributed.workers >= 2`` asks for ``es.ray_population.RayPopulation``,
+    which ``jobs.run_es`` hands to ``engine.train`` as its population factory (it needs the run directory
+    and the model's source)."""
+    if cfg.es.perturbation == "lowrank":
+        return LowRankPopulation(params, generator, task, cfg.es.member_batch)
+    return LocalPopulation(params, generator, task)
 
 
 def run_header(params: ParamSet, cfg, layout: list[tuple[int, int]]) -> dict:
@@ -184,7 +214,7 @@ def train(cfg, comps, run: RunDir, start, params: ParamSet, *, probe: Callable |
     and masters are loaded first. ``probe(model, step) -> dict`` is logged every ``probe.every``
     updates; ``callbacks`` are called as ``cb(step, record)`` after every update.
     ``population_factory(cfg, params, generator, task)``: who scores the members (default
-    ``population.make_population``, this process; ``jobs.run_es`` passes the Ray population's).
+    ``make_population``, this process; ``jobs.run_es`` passes the Ray population's).
     """
     model, tokenizer, task, generator = comps.model, comps.tokenizer, comps.task, comps.generator
     es = cfg.es
@@ -218,6 +248,9 @@ def train(cfg, comps, run: RunDir, start, params: ParamSet, *, probe: Callable |
                                 totals, bar, quiet)
             step = record["step"]
             last = step >= es.iterations or budget_reached(cfg.run, totals, step)  # finish_run probes and saves it
+            if not last and ((probe is not None and cfg.probe.every and step % cfg.probe.every == 0)
+                             or (cfg.run.checkpoints and step % cfg.run.checkpoint_every == 0)):
+                population.sync()  # replicas elsewhere: the driver's copy catches up only when it is read
             if probe is not None and cfg.probe.every and step % cfg.probe.every == 0 and not last:
                 run.log_metrics(probe_record(probe, model, step, METHOD))
             if cfg.run.checkpoints and step % cfg.run.checkpoint_every == 0 and not last:
@@ -226,6 +259,7 @@ def train(cfg, comps, run: RunDir, start, params: ParamSet, *, probe: Callable |
                 population.checkpointed(ckpt, step)
             for cb in callbacks:
                 cb(step, record)
+        population.sync()
     finally:
         if bar is not None:
             bar.close()
@@ -257,6 +291,7 @@ def _iteration(cfg, run: RunDir, population, task, tokenizer, generator, layout,
         if not quiet:
             (bar.write if bar is not None else print)(f"[evolm] update {step}: {update.message}")
     if es.eval_center_every and step % es.eval_center_every == 0:
+        population.sync()
         t0 = time.perf_counter()
         extra["center_reward"], _ = score_completions(task, examples, generator.generate(prompts, sampling), prompts)
         extra["seconds_center"] = time.perf_counter() - t0

@@ -46,7 +46,7 @@ import math
 import torch
 
 from evolm.errors import ConfigError
-from evolm.es.noise import NoiseSource, make_noise
+from evolm.es.noise import NoiseSource
 from evolm.es.params import CHUNK, ParamSet, select_parameters
 
 
@@ -215,26 +215,3 @@ class LowRankParamSet(ParamSet):
             if write and self.masters is not None:
                 live.copy_(self.masters[k].view_as(live))
         return True
-
-
-def build_lowrank_paramset(model, cfg, header: dict | None = None) -> LowRankParamSet:
-    """The low-rank ParamSet of an ES job config (``es.perturbation = "lowrank"``), with its keyed noise.
-
-    The base noise source sees the members' draws as its parameter layout (``draw_layout``: (out + in) r
-    values per matrix, numel per vector), so with the table one member's factors are one contiguous
-    stretch of it, no value used twice. ``header``: an existing run's seed-log header (resume,
-    replay), checked against the config (``engine.check_header``) and rebuilt as the run drew it."""
-    from evolm.es.engine import check_header
-    from evolm.es.noise import noise_from_header
-    from evolm.seeding import derive_seed
-
-    es = cfg.es
-    params = LowRankParamSet(model, None, categories=tuple(es.params), regex=es.param_regex, rank=es.rank)
-    device = params.tensors[0].device
-    if header is None:
-        base = make_noise(es.noise, derive_seed(cfg.run.seed, "noise"), params.draw_layout, es.noise_table_size, device)
-    else:
-        check_header(header, params, cfg)
-        base = noise_from_header(header["noise"]["base"], params.draw_layout, device)
-    params.noise = LowRankNoise(base, {i: s for i, s in zip(params.indices, params.shapes)}, es.rank)
-    return params

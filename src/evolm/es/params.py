@@ -121,6 +121,8 @@ class ParamSet:
         self.masters = None if self.in_place else [t.detach().to(torch.float32).clone() for t in self.tensors]
         self._perturbed: tuple[int, int, int, float] | None = None
         self._corrections: list[tuple[int, torch.Tensor, torch.Tensor]] = []
+        self._deferred: list[tuple[int, list[float], float]] = []
+        self._catching_up = False
 
     @property
     def numel(self) -> int:
@@ -254,6 +256,8 @@ class ParamSet:
         Returns False, and changes nothing, when the update would make any weight non-finite."""
         if self._perturbed is not None:
             raise RuntimeError("apply_update() while perturbed; restore() first")
+        if self._deferred and not self._catching_up:
+            raise RuntimeError("apply_update() with deferred updates queued; catch_up() first")
         coefficients = [float(c) for c in coefficients]
         scale = float(scale)
         if not (math.isfinite(scale) and all(math.isfinite(c) for c in coefficients)):
@@ -262,6 +266,35 @@ class ParamSet:
             return False
         self._add_update(iteration, coefficients, scale, write=True)
         return True
+
+    # -- a mirror of replicas that live elsewhere -----------------------------------------------------
+    def defer_update(self, iteration: int, coefficients, scale: float) -> None:
+        """Queue an update the replicas (Ray actors, a vLLM engine) applied, for ``catch_up``: the driver's
+        copy then costs nothing per update, only when its weights are read (checkpoint, probe, the end)."""
+        self._deferred.append((int(iteration), [float(c) for c in coefficients], float(scale)))
+
+    @property
+    def deferred(self) -> int:
+        """Updates queued by ``defer_update`` and not yet applied here."""
+        return len(self._deferred)
+
+    def catch_up(self) -> int:
+        """Apply the queued updates in order (the same arithmetic as applying each when it came, so the
+        weights are bit-identical); returns how many. An update the replicas applied but these weights
+        refuse (non-finite) means the copies differ: RuntimeError."""
+        done = 0
+        self._catching_up = True
+        try:
+            while self._deferred:
+                iteration, coefficients, scale = self._deferred[0]
+                if not self.apply_update(iteration, coefficients, scale):
+                    raise RuntimeError(f"update {iteration + 1}, applied by the replicas, would make the driver's "
+                                       "weights non-finite: the driver's copy differs from theirs")
+                self._deferred.pop(0)
+                done += 1
+        finally:
+            self._catching_up = False
+        return done
 
     def _provably_finite(self, coefficients: list[float], scale: float) -> bool:
         """Whether ``max |theta| + |scale| * sum |c| * max |eps|`` stays below half of every finite range involved."""

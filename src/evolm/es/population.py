@@ -110,22 +110,14 @@ class LocalPopulation:
             self.generator.sync_weights()
         return update
 
+    def sync(self) -> None:
+        """Make the model this process holds current before it is read (checkpoint, probe, centre evaluation,
+        the end): a ParamSet mirroring an engine's weights applies the updates it deferred."""
+        self.params.catch_up()
+
     def checkpointed(self, directory, step: int) -> None:
         """The driver saved a checkpoint of the current weights (a Ray population restarts actors from it;
         the members of an in-process population live here: nothing to do)."""
 
     def close(self) -> None:
         """Release what the population holds (nothing for a population in this process)."""
-
-
-def make_population(cfg, params: ParamSet, generator: Generator, task: Task):
-    """The population an ES job's config asks for: local (this process, one member after another), or
-    low-rank (``es.perturbation = "lowrank"``: all members in batched forward passes,
-    ``es/lowrank_population.py``). ``distributed.workers >= 2`` asks for ``es.ray_population.RayPopulation``,
-    which ``jobs.run_es`` hands to ``engine.train`` as its population factory (it needs the run directory
-    and the model's source)."""
-    if cfg.es.perturbation == "lowrank":
-        from evolm.es.lowrank_population import LowRankPopulation
-
-        return LowRankPopulation(params, generator, task, cfg.es.member_batch)
-    return LocalPopulation(params, generator, task)

@@ -20,22 +20,28 @@ Design decisions:
   on which actor scored which member.
 - **Dynamic scheduling.** Every actor holds at most one member; ``ray.wait`` returns the first
   finished one and that actor takes the next unscored member. Fitnesses are stored by member index.
-- **The driver keeps a replica.** It applies every update to its own copy (the engine's ``ParamSet``)
-  at the same time as the actors: checkpoints, ``final/`` (Hugging Face names), held-out evaluation,
-  probes and ``es.eval_center_every`` keep working from the driver's model exactly as in a local run,
-  and the driver's copy is the reference the actors are checked against. Cost: one more update per
-  iteration and one model's memory in the driver (for SmolLM2-135M on CPU ~1 s and ~0.7 GB).
-- **Replicas stay bit-identical, checked.** After loading and after every applied update each actor
-  returns a CRC-32 per selected tensor (the float32 masters first when generation runs in lower
-  precision, then the weights generation reads): ~0.3 s per 134M parameters. Any difference from the
-  driver's own checksums stops the run with a one-line ``DistributedError`` naming the actor and the
-  first differing tensor.
+- **The driver keeps the seed log, and a copy it brings up to date only when it reads it.** An update
+  goes to the actors and is queued on the driver's ``ParamSet`` (``defer_update``), so an iteration
+  costs the actors' in-place step, not a CPU pass over the driver's copy beside them. Before the
+  driver's weights are read — checkpoints, probes, ``es.eval_center_every``, ``final/`` and held-out
+  evaluation at the end — the engine calls ``sync``, which applies the queue in order (the same
+  arithmetic as applying each update when it came, so bit-identical) and checks the result against the
+  actors' checksums. Cost: one model's memory in the driver (for SmolLM2-135M on CPU ~0.7 GB), and the
+  catch-up at those points.
+- **Replicas stay bit-identical, checked on their device.** After loading and after every applied update
+  each actor returns ``checksum.tensor_checksum`` per selected tensor (the float32 masters first when
+  generation runs in lower precision, then the weights generation reads): an integer reduction of the
+  bit patterns computed where the tensor lives (no host copy on CUDA; ~0.1 s per 134M parameters on
+  one CPU thread). The first actor's answer is the reference for the others after an update (and
+  whether the update applied: a non-finite update is refused by every replica alike); at start-up and
+  when the driver catches up, the driver's copy is. Any difference stops the run with a one-line
+  ``DistributedError`` naming the actor and the first differing tensor.
 - **vLLM actors** (``generation.backend = "vllm"``, ``backends.actors_generate``). Each actor starts
   its own engine from its HF copy and ``build_paramset`` wraps the ParamSet into it
   (``EngineParamSet``), so a member is perturbed inside the engine that generates it, exactly as in a
   single-process vLLM run; the checksums the actor reports are computed inside the engine's worker on
-  the engine's own tensors (``EngineParamSet.engine_crc32``), not on the actor's HF mirror. The
-  driver starts no engine (``backends.make_generators``): its HF copy mirrors the updates and runs
+  the engine's own tensors (``EngineParamSet.engine_checksums``), not on the actor's HF mirror. The
+  driver starts no engine (``backends.make_generators``): its HF copy (brought up to date by ``sync``) runs
   held-out evaluation and probes (``generation.eval_backend = "hf"``; ``"same"`` is refused). On CUDA
   each engine takes the GPU(s) Ray reserves (``distributed.gpus``) and the driver's model stays on the
   CPU (``model.device = "cuda"`` is refused so the driver cannot take GPU 0). ``close`` asks every
@@ -86,9 +92,9 @@ import torch
 
 from evolm import models
 from evolm.backends import engine_options, make_generator
-from evolm.backends.vllm import crc32
 from evolm.errors import UserError
 from evolm.es import fused
+from evolm.es.checksum import tensor_checksum
 from evolm.es.engine import load_masters, save_masters, build_paramset, float32_model
 from evolm.es.population import NON_FINITE_WEIGHTS, LocalPopulation, MemberScores
 from evolm.es.update import Update
@@ -114,13 +120,14 @@ class DistributedError(UserError):
 # -- pure helpers -----------------------------------------------------------------------------------
 
 def weights_checksum(params) -> list[int]:
-    """CRC-32 of the bytes of every selected tensor in ``params`` order: the float32 masters first when
-    kept, then the weights generation reads. A replica whose ``ParamSet`` lives in a vLLM engine
-    (``EngineParamSet``) reports the engine's own tensors, computed inside its worker (``es_crc32``)."""
-    engine = getattr(params, "engine_crc32", None)
+    """``checksum.tensor_checksum`` of every selected tensor in ``params`` order, computed on the tensor's
+    device: the float32 masters first when kept, then the weights generation reads. A replica whose
+    ``ParamSet`` lives in a vLLM engine (``EngineParamSet``) reports the engine's own tensors, computed
+    inside its worker (``es_replica_checksums``)."""
+    engine = getattr(params, "engine_checksums", None)
     if engine is not None:
         return engine()
-    return [crc32(t) for t in (params.masters or [])] + [crc32(t) for t in params.tensors]
+    return [tensor_checksum(t) for t in (params.masters or [])] + [tensor_checksum(t) for t in params.tensors]
 
 
 def checksum_names(params) -> list[str]:
@@ -253,9 +260,10 @@ class Replica:
         return {"fitness": s.fitness[0], "error": s.errors.get(0), "seconds": s.seconds,
                 "gen_sequences": s.gen_sequences, "gen_tokens": s.gen_tokens}
 
-    def apply_update(self, iteration: int, coefficients: list[float], scale: float) -> list[int]:
-        self.population.apply_update(iteration, Update(coefficients, scale, "applied"))
-        return weights_checksum(self.population.params)
+    def apply_update(self, iteration: int, coefficients: list[float], scale: float) -> dict:
+        """Apply the update to this replica; whether the weights took it (non-finite: refused) and the checksums."""
+        done = self.population.apply_update(iteration, Update(coefficients, scale, "applied"))
+        return {"applied": done.applies, "checksum": weights_checksum(self.population.params)}
 
     def close(self) -> None:
         """Release the generator (a vLLM engine's processes) before the actor is killed."""
@@ -479,27 +487,55 @@ class RayPopulation:
         return out
 
     def apply_update(self, iteration: int, update):
-        """Apply ``update`` on every replica and the driver; returns it, or it marked skipped when the
-        weights refused it (non-finite: every replica refuses it alike, so the checksums still agree)."""
+        """Apply ``update`` on every replica and queue it for the driver's copy (``sync``); returns it, or it
+        marked skipped when the weights refused it (non-finite: every replica refuses it alike).
+
+        The first actor's answer is the reference the others must match (checksums and whether the update
+        applied); with every actor lost during the update the driver catches up and is the reference."""
         if not update.applies:
             return update
         self._settle_starting()  # every live actor must receive every update
         coefficients, scale = [float(c) for c in update.coefficients], float(update.scale)
         futures = {handle.apply_update.remote(iteration, coefficients, scale): (aid, handle)
                    for aid, handle in self._actors.items()}
-        applied = self.params.apply_update(iteration, coefficients, scale)  # the driver's replica, meanwhile
-        self.generator.sync_weights()
-        if applied:
-            self._replay.append((iteration, coefficients, scale))
-        self._checksum = weights_checksum(self.params)
+        answers, dead = [], []
         for future, (aid, handle) in futures.items():
             try:
-                got = self.ray.get(future)
+                answers.append((aid, self.ray.get(future)))
             except self._died as e:
-                self._on_death(aid, handle, e)  # the replacement replays this update too
-                continue
-            self._check(aid, got, self._checksum, f"after update {iteration + 1}")
+                dead.append((aid, handle, e))
+        if answers:
+            applied, reference = answers[0][1]["applied"], answers[0][1]["checksum"]
+            for aid, got in answers[1:]:
+                if got["applied"] != applied:
+                    raise DistributedError(f"Ray actor {aid} {'refused' if applied else 'applied'} update {iteration + 1} "
+                                           f"and Ray actor {answers[0][0]} did not: the replicas differ")
+                self._check(aid, got["checksum"], reference, f"after update {iteration + 1}")
+        else:  # nobody answered: the driver's own copy decides
+            self.params.catch_up()
+            applied = self.params.apply_update(iteration, coefficients, scale)
+            self.generator.sync_weights()
+            reference = weights_checksum(self.params)
+        if applied:
+            if answers:
+                self.params.defer_update(iteration, coefficients, scale)
+            self._replay.append((iteration, coefficients, scale))
+        self._checksum = list(reference)
+        for aid, handle, e in dead:
+            self._on_death(aid, handle, e)  # the replacement replays this update too
         return update if applied else update.skipped(NON_FINITE_WEIGHTS)
+
+    def sync(self) -> None:
+        """Bring the driver's copy up to date (the queued updates, in order) before its weights are read,
+        and check it against the replicas' checksums: a driver that replays differently stops the run."""
+        if not self.params.catch_up():
+            return
+        self.generator.sync_weights()
+        bad = first_mismatch(self._names, self._checksum, weights_checksum(self.params))
+        if bad is not None:
+            raise DistributedError(f"the driver's copy of the weights, rebuilt from the seed log, differs from the Ray "
+                                   f"actors' (first differing tensor: {bad}); the driver and the actors need the same "
+                                   "torch/NumPy versions")
 
     def checkpointed(self, directory: Path, step: int) -> None:
         """Replacements load this checkpoint and replay only later updates."""

@@ -33,7 +33,8 @@ from __future__ import annotations
 
 import torch
 
-from evolm.backends.vllm import checksum, crc32, digest
+from evolm.backends.vllm import checksum, digest
+from evolm.es.checksum import tensor_checksum
 from evolm.es.noise import noise_from_header
 from evolm.es.params import ParamSet
 
@@ -120,20 +121,22 @@ class ESWorkerExtension:
     def es_restore(self) -> None:
         self._es_params.restore()
 
-    def es_apply_update(self, iteration: int, coefficients: list[float], scale: float) -> int:
-        """Apply the update; return the checksum of the selected tensors (masters when kept)."""
-        self._es_params.apply_update(iteration, coefficients, scale)
-        return self.es_selected_checksum()
+    def es_apply_update(self, iteration: int, coefficients: list[float], scale: float) -> dict:
+        """Apply the update; whether the weights took it (non-finite: refused) and the checksum of the
+        selected tensors (masters when kept)."""
+        applied = self._es_params.apply_update(iteration, coefficients, scale)
+        return {"applied": bool(applied), "sum": self.es_selected_checksum()}
 
     def es_selected_checksum(self) -> int:
         p = self._es_params
         return sum(checksum(t) for t in (p.masters if p.masters is not None else p.tensors))
 
-    def es_crc32(self) -> list[int]:
-        """CRC-32 of every selected tensor in ParamSet order: the float32 masters when kept, then the live
-        views the engine generates from (``ray_population.weights_checksum`` is the driver's side)."""
+    def es_replica_checksums(self) -> list[int]:
+        """``tensor_checksum`` of every selected tensor in ParamSet order, on the worker's device: the float32
+        masters when kept, then the live views the engine generates from (``ray_population.weights_checksum``
+        is the driver's side)."""
         p = self._es_params
-        return [crc32(t) for t in (p.masters or [])] + [crc32(t) for t in p.tensors]
+        return [tensor_checksum(t) for t in (p.masters or [])] + [tensor_checksum(t) for t in p.tensors]
 
     def es_checksums(self) -> dict[str, int]:
         """Checksum of every mapped HF tensor (live weights, in the engine's dtype)."""

@@ -7,14 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from evolm.errors import ConfigError
-from evolm.tasks.base import Example, Task
-
-TASKS: dict[str, type[Task]] = {}
-
-
-def register(cls: type[Task]) -> type[Task]:
-    TASKS[cls.name] = cls
-    return cls
+from evolm.tasks.base import TASKS, Example, Task, register  # noqa: F401  the registry lives in base (one home)
 
 
 def find_task(name: str) -> type[Task]:

