@@ -1,0 +1,146 @@
+"""Generation at the hardware's rate? HF generation's FLOP rate on ES's shapes against the GEMM rate of
+the same machine, thread count and run.
+
+    python benchmarks/generation_rate.py                          # SmolLM2-135M, CPU, 1 thread
+    python benchmarks/generation_rate.py --json docs/benchmarks/generation_rate_cpu.json
+
+Method (one process, one thread, so both sides see the same machine):
+- the work: an ES member's generation of one iteration (``HFGenerator.generate`` on the task's
+  prompts, greedy, as ``LocalPopulation`` calls it) for each shape: 2-digit addition (32 prompts,
+  16 and 24 new tokens) and Countdown (32 prompts, 128 new tokens);
+- FLOPs: counted by ``torch.utils.flop_counter.FlopCounterMode`` over one call (every matmul and
+  attention the call executes: padding rows, finished rows that keep decoding until the batch ends,
+  and the shared prefix once, as it runs), so the rate is what the hardware did, not a model estimate;
+- time: CPU seconds of the process (``time.process_time``; less sensitive to other jobs than wall
+  time) of ``repeats`` calls, median;
+- GEMM reference: a float32 ``torch.mm`` at the shapes this generation runs most, (batch x hidden) @
+  (hidden x intermediate) for decode steps and (prompt rows x hidden) @ (hidden x intermediate) for
+  prefill, plus a 1024^3 square product, measured in between the generation repeats;
+- the profile: ``torch.profiler`` self-CPU time of one call by operator (matmul, KV-cache
+  concatenation, attention, the rest).
+Target (issue 27): effective FLOP rate >= 80% of the GEMM rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+SHAPES = [("arithmetic", 16), ("arithmetic", 24), ("countdown", 128)]
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def gemm_rate(m: int, k: int, n: int, seconds: float = 1.0) -> float:
+    """GFLOP/s of float32 ``(m x k) @ (k x n)`` on this thread (CPU time)."""
+    import torch
+
+    a, b = torch.randn(m, k), torch.randn(k, n)
+    a @ b
+    calls, t0 = 0, time.process_time()
+    while time.process_time() - t0 < seconds:
+        a @ b
+        calls += 1
+    return 2 * m * k * n * calls / (time.process_time() - t0) / 1e9
+
+
+def measure(model, tokenizer, task_name: str, new_tokens: int, prompts_n: int, repeats: int) -> dict:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from evolm.backends.base import SamplingParams
+    from evolm.backends.hf import HFGenerator
+    from evolm.es.engine import training_batch
+    from evolm.tasks import make_task
+
+    params = {"arithmetic": dict(digits=2, operators="+", terms=2), "countdown": {}}[task_name]
+    task = make_task(task_name, "format_answer", None, **params)
+    _, prompts = training_batch(task, tokenizer, 0, 0, prompts_n)
+    generator = HFGenerator(model, tokenizer, batch_size=prompts_n)
+    sampling = SamplingParams(n=1, temperature=0.0, max_new_tokens=new_tokens)
+    generator.generate(prompts, sampling)  # warm-up
+    with FlopCounterMode(display=False) as counter:
+        outs = generator.generate(prompts, sampling)
+    flops = counter.get_total_flops()
+    cfg = model.config
+    ids, _, prefix = generator._layout(prompts)
+    times, decode, prefill = [], [], []
+    for _ in range(repeats):
+        t0 = time.process_time()
+        generator.generate(prompts, sampling)
+        times.append(time.process_time() - t0)
+        decode.append(gemm_rate(prompts_n, cfg.hidden_size, cfg.intermediate_size, 0.5))
+        prefill.append(gemm_rate(prompts_n * (len(ids[0]) - len(prefix)), cfg.hidden_size, cfg.intermediate_size, 0.5))
+    square = gemm_rate(1024, 1024, 1024)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        generator.generate(prompts, sampling)
+    by_op = {e.key: e.self_cpu_time_total for e in prof.key_averages()}
+    total = sum(by_op.values()) or 1.0
+    share = {"matmul": sum(v for k, v in by_op.items() if k in ("aten::mm", "aten::addmm", "aten::bmm")) / total,
+             "kv_cache_cat": by_op.get("aten::cat", 0.0) / total,
+             "attention": sum(v for k, v in by_op.items() if "scaled_dot_product" in k) / total}
+    share["other"] = 1.0 - sum(share.values())
+    seconds = statistics.median(times)
+    rate = flops / seconds / 1e9
+    reference = statistics.median(decode)
+    return {"task": task_name, "new_tokens": new_tokens, "prompts": prompts_n, "prompt_width": len(ids[0]),
+            "shared_prefix": len(prefix), "generated_tokens": sum(c.num_tokens for o in outs for c in o),
+            "gflop_per_call": flops / 1e9, "cpu_seconds": seconds, "gflops": rate,
+            "gemm_gflops_decode_shape": reference, "gemm_gflops_prefill_shape": statistics.median(prefill),
+            "gemm_gflops_square": square, "fraction_of_decode_gemm": rate / reference,
+            "fraction_of_square_gemm": rate / square, "profile_share": share, "repeats": repeats}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--prompts", type=int, default=32)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--shapes", default=",".join(f"{t}:{n}" for t, n in SHAPES), help="task:new_tokens,...")
+    p.add_argument("--json", help="write the results here")
+    args = p.parse_args()
+    import os
+
+    import torch
+
+    from evolm import models
+
+    torch.set_num_threads(args.threads)
+    model, tokenizer = models.load(args.model, threads=args.threads)
+    rows = []
+    for item in args.shapes.split(","):
+        task, tokens = item.split(":")
+        rows.append(measure(model, tokenizer, task, int(tokens), args.prompts, args.repeats))
+    result = {"device": _cpu_name(), "threads": args.threads, "model": args.model, "torch": torch.__version__,
+              "attn_implementation": model.config._attn_implementation, "load_before": os.getloadavg()[0],
+              "load_after": None, "rows": rows}
+    result["load_after"] = os.getloadavg()[0]
+    print(f"| task | new tokens | GFLOP/call | GFLOP/s | GEMM GFLOP/s (decode shape) | fraction | square GEMM | "
+          f"matmul / cat / attention / other |  ({result['device']}, {args.threads} thread)")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        s = r["profile_share"]
+        print(f"| {r['task']} | {r['new_tokens']} | {r['gflop_per_call']:.1f} | {r['gflops']:.1f} | "
+              f"{r['gemm_gflops_decode_shape']:.1f} | {r['fraction_of_decode_gemm']:.2f} | {r['gemm_gflops_square']:.1f} | "
+              f"{s['matmul']:.0%} / {s['kv_cache_cat']:.0%} / {s['attention']:.0%} / {s['other']:.0%} |")
+    print(f"load average {result['load_before']:.2f} -> {result['load_after']:.2f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
