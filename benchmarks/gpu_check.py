@@ -60,9 +60,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import copy
 import json
-import math
 import os
 import platform
 import resource
@@ -292,10 +290,15 @@ def check_es(args, model, tokenizer, base_state: dict, device: str, work: Path) 
         m = fresh()
         return run_es(cfg, model=m, tokenizer=tokenizer, task=task, generator=HFGenerator(m, tokenizer, 64), quiet=True, **kw)
 
+    cuda = device.startswith("cuda")
+    if cuda:  # the whole run's peak: generation, masters, and the float32 copy final/ and checkpoints are saved from
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     cfg_a = _es_cfg(args, work, "uninterrupted", device)
     run_a = run(cfg_a)
     seconds_a = time.perf_counter() - t0
+    run_peak = torch.cuda.max_memory_allocated() if cuda else None
     final_a = _final_weights(run_a)
     records = [r for r in read_jsonl(run_a.path / "metrics.jsonl") if r.get("kind", "train") == "train" and "step" in r]
     statuses = [r["status"] for r in run_a.seed_log()[1:]]
@@ -334,6 +337,9 @@ def check_es(args, model, tokenizer, base_state: dict, device: str, work: Path) 
         "killed_after_update": killed_at,
         "resume_bit_exact": sorted(final_a) == sorted(final_b) and all(_same(final_a[n], final_b[n]) for n in final_a),
         "replay_bit_exact": all(_same(replayed[n], final_a[n]) for n in params.names),
+        **({"run_peak_bytes_per_param": run_peak / params.numel, "run_peak_mb": run_peak / 2**20,
+            "run_peak_measured_by": "torch.cuda.max_memory_allocated over the uninterrupted run (model, masters, "
+                                    "generation, the float32 copy saved as final/)"} if cuda else {}),
         "seconds_run": seconds_a, "seconds_killed_and_resumed": seconds_b, "seconds_replay": seconds_replay,
         "seconds_per_update": [r.get("seconds") for r in records],
         "seconds_update_phase": [r.get("seconds_update") for r in records],
@@ -504,7 +510,9 @@ def markdown(result: dict) -> str:
                       f"{yes(es['weights_changed'])}, kill after update {es['killed_after_update']} + resume bit-exact "
                       f"{yes(es['resume_bit_exact'])}, replay bit-exact {yes(es['replay_bit_exact'])}; updates "
                       f"{', '.join(es['update_statuses'])}; seconds per update "
-                      f"{', '.join(f'{s:.1f}' for s in es['seconds_per_update'] if s is not None)}."]
+                      f"{', '.join(f'{s:.1f}' for s in es['seconds_per_update'] if s is not None)}"
+                      + (f"; the run's GPU peak (with saving final/) {es['run_peak_bytes_per_param']:.2f} B/param"
+                         if "run_peak_bytes_per_param" in es else "") + "."]
     mem = result.get("memory")
     if mem:
         if "es_peak_bytes_per_param" in mem:
