@@ -134,9 +134,12 @@ def load_tokenizer(path: str | None):
 
 
 def build_model(shape: dict, tokenizer, device: str):
-    """A random-initialised Qwen2 of ``shape`` on ``device``, float32 (seed 0; no hub). The (tied)
-    embedding rows of ids the tokenizer cannot decode are zero, so their logits are 0 and greedy decoding
-    (the maximum over ~49k random logits) never picks them: completions are text, as with a real model."""
+    """A random-initialised Qwen2 of ``shape`` on ``device``, float32 (seed 0; no hub). Two changes to
+    the random init keep greedy completions varied text, so that ES members differ: the (tied) embedding
+    rows of ids the tokenizer cannot decode are zero (their logits are 0, never the maximum of ~49k
+    random logits), and the final norm's weights are random signs (with tied embeddings and unit norm
+    weights the last token's own logit, ``|e_t|^2 / rms``, dominates every other by ~40 standard
+    deviations at width 1536, so a random model repeats the prompt's last token for ever)."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -149,6 +152,8 @@ def build_model(shape: dict, tokenizer, device: str):
         model = Qwen2ForCausalLM(config).eval()
     with torch.no_grad():
         model.get_input_embeddings().weight[len(tokenizer):] = 0
+        signs = torch.randint(0, 2, model.model.norm.weight.shape, generator=torch.Generator().manual_seed(1)) * 2 - 1
+        model.model.norm.weight.copy_(signs.to(model.model.norm.weight))
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model
