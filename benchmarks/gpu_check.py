@@ -5,7 +5,9 @@
     PYTHONPATH=src:.devcarry/site python3 benchmarks/gpu_check.py --tokenizer .devcarry/smollm2 --out $OUT/gpu_check.json
 
 On the device machine (one H200; torch 2.11, transformers 5.17; no hub, no vLLM, no Ray) the whole
-check is sized to run in well under 8 minutes. It imports only torch, transformers, numpy, safetensors
+check is sized for 4-6 minutes (an estimate: it has not run there yet); the JSON is rewritten after
+every section, so a run cut off by its time limit keeps what it measured, and ``--skip`` reruns a part.
+It imports only torch, transformers, numpy, safetensors
 and evolm, and what evolm imports at module level: everything the device image has except ``tomli_w``
 (``evolm.config`` writes each run's resolved config.toml with it). Carry it as a folder: ``mkdir -p
 .devcarry/site && cp -r .venv/lib/python3.*/site-packages/tomli_w .devcarry/site/`` (pure Python), with
