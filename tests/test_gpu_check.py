@@ -60,3 +60,27 @@ def test_tiny_gpu_check_restores_resumes_and_replays_bit_exactly_on_the_cpu(tiny
     assert "applied" in es["update_statuses"] and es["weights_changed"]  # training changed the weights
     assert es["killed_after_update"] == 1 < es["iterations"]
     assert es["resume_bit_exact"] and es["replay_bit_exact"]
+
+
+@pytest.mark.slow  # four fresh child processes: ~45 s on the shared 2-core machine
+def test_memory_per_param_runs_on_a_tiny_model_and_reports_against_the_formula(tmp_path, tiny_dir):
+    """benchmarks/memory_per_param.py end to end on a tiny model directory (the benchmark itself runs
+    SmolLM2-135M): float32 ES is in place, bf16 ES keeps float32 masters, every row has its figures."""
+    out = tmp_path / "memory.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "memory_per_param.py"), "--model", str(tiny_dir),
+                           "--noises", "counter", "--population", "2", "--prompts", "2", "--max-new-tokens", "2",
+                           "--iterations", "1", "--json", str(out)], env=env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["dtype"], r["mode"]) for r in rows] == [("float32", "inference"), ("float32", "es-counter"),
+                                                       ("bfloat16", "inference"), ("bfloat16", "es-counter")]
+    f32, bf16 = rows[1], rows[3]
+    assert f32["masters"] is False and bf16["masters"] is True
+    assert f32["dtype_bytes"] == 4 and bf16["dtype_bytes"] == 2
+    for r in rows:
+        assert r["params"] > 0 and r["peak_mb"] > r["rss_before_model_mb"] > 0 and r["run_bytes_per_param"] > 0
+    for r in (f32, bf16):
+        assert r["target_bytes_per_param"] > r["dtype_bytes"] and r["over_target"] > 0 and r["peak_over_inference"] > 0
+    assert "| bfloat16 | ES, counter (masters) |" in done.stdout
