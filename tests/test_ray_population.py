@@ -61,11 +61,13 @@ def test_distributed_config_validation_names_the_field(override, message):
         config.from_dict(config.ESJob, {}, [override])
 
 
-def test_cuda_actors_need_a_gpu_reservation():
-    with pytest.raises(config.ConfigError, match="distributed.gpus"):
-        config.from_dict(config.ESJob, {}, ["distributed.workers=2", "model.device='cuda'"])
+def test_hf_actors_on_cuda_are_refused_because_the_driver_would_share_gpu_0():
+    for gpus in ("0", "1", "0.5"):
+        with pytest.raises(config.ConfigError, match=r"HF actors would put the driver's copy on GPU 0 beside actor 0 .*"
+                                                     r"use vLLM actors"):
+            config.from_dict(config.ESJob, {}, ["distributed.workers=2", "model.device='cuda'", f"distributed.gpus={gpus}"])
     for ok in (["distributed.address='auto'"], ["distributed.address='ray://head:10001'"], ["distributed.address='head-node:6379'"],
-               ["distributed.workers=2", "model.device='cuda'", "distributed.gpus=0.5"]):
+               ["distributed.workers=2", "model.device='cpu'"], ["model.device='cuda'"]):
         config.from_dict(config.ESJob, {}, ok)
 
 

@@ -415,9 +415,12 @@ class ESJob:
                         f"distributed.gpus={d.gpus:g} puts {math.floor(1 / d.gpus + 1e-9)} vLLM engines on one GPU, each "
                         f"asking generation.vllm_gpu_memory_utilization={g.vllm_gpu_memory_utilization:g} of its memory; "
                         f"set it to at most {d.gpus:g}")
-        if d.workers >= 2 and self.model.device.startswith("cuda"):
-            require(d.gpus > 0, "model.device is cuda but distributed.gpus is 0: set distributed.gpus (e.g. 1) "
-                                "so Ray gives every actor a GPU")
+        if d.workers >= 2 and g.backend != "vllm":
+            require(not self.model.device.startswith("cuda"),
+                    f"model.device='{self.model.device}' with distributed.workers={d.workers} HF actors would put the "
+                    "driver's copy on GPU 0 beside actor 0 (never run on GPUs); on GPUs use vLLM actors "
+                    "(generation.backend='vllm', model.device='cpu', distributed.gpus=1) or one process "
+                    "(distributed.workers=0)")
         if self.es.perturbation == "lowrank":
             require(self.generation.backend == "hf",
                     f"es.perturbation='lowrank' scores members in batched forward passes of the hf backend; "
