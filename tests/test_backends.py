@@ -58,3 +58,17 @@ def test_vllm_backend_is_a_config_choice_and_explains_a_missing_install(tiny_mod
     if importlib.util.find_spec("vllm") is None:  # the main environment: one line naming the fix
         with pytest.raises(UserError, match="make vllm"):
             make_generator("vllm", tiny_model, tokenizer)
+
+
+def test_an_engine_starts_from_the_models_own_files_when_it_has_them(tiny_dir, tiny_model):
+    """``backends.vllm._weights_dir``: a model loaded from a directory with config and safetensors starts
+    its vLLM engine from those files (no copy written); a model built in memory has none to start from."""
+    from transformers import AutoModelForCausalLM
+
+    from evolm.backends.vllm import _weights_dir
+
+    assert _weights_dir(AutoModelForCausalLM.from_pretrained(tiny_dir)) == tiny_dir
+    tiny_model.config._name_or_path = ""
+    assert _weights_dir(tiny_model) is None
+    tiny_model.config._name_or_path = str(tiny_dir.parent)  # a folder without the model's files
+    assert _weights_dir(tiny_model) is None

@@ -81,6 +81,9 @@ def test_greedy_completions_match_hf(setup):
 def test_engine_starts_with_the_driver_weights(setup):
     generator, model, reference, tok, prompts = setup
     assert _engine_digests(generator) == _model_digests(model)
+    # from the model's own files: no copy of the model written at start-up, nothing pushed
+    assert generator.source == Path(models.local_dir(models.DEFAULT_MODEL))
+    assert not (generator.workdir / "model").exists() and generator.pushes == 0
 
 
 def test_member_weights_bit_identical_to_hf_paramset_and_restore_exact(setup):

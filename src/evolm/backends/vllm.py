@@ -4,10 +4,15 @@ the engine's own weights inside its workers.
 Design decisions:
 
 - The driver keeps the Hugging Face model it loaded (it is the source of truth for checkpoints,
-  ``final/``, held-out evaluation and the entropy probe, always in HF names). The engine is started from
-  a temporary copy of that model (``save_pretrained`` into ``$EVOLM_CACHE/vllm``), so both hold the same
-  values; the worker-side mapping of HF tensors onto vLLM's fused parameters is verified against the
-  driver's checksums at set-up (``evolm.es.vllm_worker``).
+  ``final/``, held-out evaluation and the entropy probe, always in HF names). The engine starts from the
+  files the model was loaded from (its directory, the hub cache, the embedded models' converted copy:
+  ``_weights_dir``), so start-up writes no copy of the model to disk; only a model built in memory is
+  saved once (``save_pretrained`` into ``$EVOLM_CACHE/vllm``). The worker-side mapping of HF tensors onto
+  vLLM's fused parameters is verified against the driver's checksums at set-up
+  (``evolm.es.vllm_worker``); driver weights that differ from the files (a checkpoint loaded into it)
+  are pushed once and checked again. The workers build their float32 masters from their own weights as
+  the driver's ParamSet does, so in bf16 nothing is pushed at start either (checksums compared); masters
+  loaded from a checkpoint are.
 - ES through ``EngineParamSet`` (what ``evolm.es.engine.build_paramset`` returns when the generator
   offers ``attach_paramset``): ``perturb``/``restore`` run in the workers only (one RPC with four
   scalars; no weights travel per member); ``apply_update`` runs on the workers only, and the driver's
@@ -97,8 +102,13 @@ class VLLMGenerator(Generator):
         root = Path(cache_dir()) / "vllm"
         root.mkdir(parents=True, exist_ok=True)
         self.workdir = Path(tempfile.mkdtemp(prefix="engine-", dir=root))
-        model.save_pretrained(self.workdir / "model", safe_serialization=True)
-        tokenizer.save_pretrained(self.workdir / "model")
+        source = _weights_dir(model)
+        if source is None:  # no files of this model to start from (built in memory): write a copy once
+            source = self.workdir / "model"
+            model.save_pretrained(source, safe_serialization=True)
+            tokenizer.save_pretrained(source)
+        self.source = source
+        self.pushes = 0  # full weight pushes to the engine (each writes one file): tests count them
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
         os.environ.setdefault("OMP_NUM_THREADS", str(threads))
         if quiet:
@@ -110,14 +120,18 @@ class VLLMGenerator(Generator):
         extra = ({"worker_cls": f"{WORKER}.LiveWeightsCPUWorker", "block_size": 32} if self.on_cpu
                  else {"gpu_memory_utilization": gpu_memory_utilization})
         dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
-        self.llm = LLM(model=str(self.workdir / "model"), tokenizer=str(self.workdir / "model"), dtype=dtype, seed=seed,
+        self.llm = LLM(model=str(source), tokenizer=str(source), dtype=dtype, seed=seed,
                        enforce_eager=enforce_eager, max_model_len=max_model_len, enable_prefix_caching=True,
                        kv_cache_memory_bytes=int(kv_cache_gb * (1 << 30)),
                        worker_extension_cls=f"{WORKER}.ESWorkerExtension", **extra)
         self._names = list(_hf_parameters(model))
         shapes = {n: tuple(p.shape) for n, p in _hf_parameters(model).items()}
-        # Map every HF tensor onto the engine and check the mapping against the driver's values.
+        # Map every HF tensor onto the engine and check the mapping against the driver's values. Started
+        # from the model's own files, the driver's weights may have changed since (a checkpoint loaded into
+        # it): those are pushed once; a mismatch after that is a layout the mapping gets wrong.
         self._engine_sums = self.rpc("es_map", shapes)[0]
+        if source != self.workdir / "model" and self._mismatched():
+            self.push_weights()
         self._check_mapping()
         self._synced = _signature(self._watched())
 
@@ -129,9 +143,12 @@ class VLLMGenerator(Generator):
     def reset_prefix_cache(self) -> None:
         self.llm.reset_prefix_cache()
 
-    def _check_mapping(self) -> None:
+    def _mismatched(self) -> list[str]:
         params = _hf_parameters(self.model)
-        wrong = [n for n in self._names if checksum(params[n].detach().cpu()) != self._engine_sums[n]]
+        return [n for n in self._names if checksum(params[n].detach()) != self._engine_sums[n]]
+
+    def _check_mapping(self) -> None:
+        wrong = self._mismatched()
         if wrong:
             raise RuntimeError(f"vLLM's weights differ from the Hugging Face model's for {len(wrong)} tensors "
                                f"(first: {wrong[0]}): this architecture's layout is not mapped correctly")
@@ -166,6 +183,7 @@ class VLLMGenerator(Generator):
                 state[f"masters.{name}"] = master.detach().cpu().contiguous()
         path = self.workdir / "push.safetensors"
         save_file(state, str(path))
+        self.pushes += 1
         try:
             self._engine_sums = self.rpc("es_load", str(path))[0]
         finally:
@@ -212,10 +230,24 @@ class VLLMGenerator(Generator):
 
     # -- ES -------------------------------------------------------------------------------------------
     def attach_paramset(self, local) -> "EngineParamSet":
-        """Wrap the driver's ``ParamSet`` so that ES perturbs the engine's weights (see module docstring)."""
+        """Wrap the driver's ``ParamSet`` so that ES perturbs the engine's weights (see module docstring).
+
+        The workers build their float32 masters from their own weights, as the driver's ParamSet did: when
+        the two agree (checksums) nothing is pushed; masters loaded from a checkpoint are (``sync_weights``)."""
         self._paramset = EngineParamSet(self, local)
+        if local.masters is None or self._paramset.worker_masters_sum() == self._paramset.local_sum():
+            self._synced = _signature(self._watched())
         self.sync_weights()
         return self._paramset
+
+
+def _weights_dir(model) -> Path | None:
+    """The directory ``model`` was loaded from when it holds a config and safetensors weights (a local
+    model directory, the hub cache, the embedded models' converted copy), so an engine can start from the
+    files instead of a fresh copy of the model on disk (14 GB at 7B in bf16); None otherwise. Whether the
+    files still hold the driver's weights is checked after the engine starts (``VLLMGenerator``)."""
+    path = Path(str(getattr(getattr(model, "config", None), "_name_or_path", "") or "_"))
+    return path if (path / "config.json").is_file() and any(path.glob("*.safetensors")) else None
 
 
 def _eos_ids(model, tokenizer) -> set[int]:
@@ -305,13 +337,22 @@ class EngineParamSet:
     def deferred(self) -> int:
         return self.local.deferred
 
+    def local_sum(self) -> int:
+        local = self.local
+        return sum(checksum(t) for t in (local.masters if local.masters is not None else local.tensors))
+
+    def worker_masters_sum(self) -> int:
+        sums = self.generator.rpc("es_selected_checksum")
+        if any(s != sums[0] for s in sums[1:]):
+            raise RuntimeError(f"the vLLM workers hold different weights (checksums {sums})")
+        return sums[0]
+
     def catch_up(self) -> int:
         """Apply the deferred updates to the driver's model and check it against the workers: a driver
         whose replay differs stops the run rather than save a model the engine did not train."""
         done = self.local.catch_up()
         if done:
-            local = self.local
-            mine = sum(checksum(t) for t in (local.masters if local.masters is not None else local.tensors))
+            mine = self.local_sum()
             self.generator._synced = _signature(self.generator._watched())  # masters are bumped by the update itself
             if mine != self._engine_sum:
                 raise RuntimeError(f"the driver's weights, brought up to date, differ from the vLLM workers' (checksums "
