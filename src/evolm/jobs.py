@@ -268,7 +268,8 @@ def open_run(cfg, kind: str, *, resume: RunDir | str | Path | None = None, run_d
         if kept is not None:
             say(f"[evolm] {kept.name}: the held-out evaluation of the weights before this resume (eval_after.json is "
                 "measured again when the run finishes)")
-        run.update_info(status="running", resumed_from_step=start.step, **this_process())
+        run.update_info(status="running", resumed_from_step=start.step, **this_process(),
+                        **({"auto": cfg.auto_notes} if getattr(cfg, "auto_notes", None) else {}))
         changed = ", ".join(f"{k} {_show(v['old'])} -> {_show(v['new'])}" for k, v in changes.items())
         say(f"[evolm] resuming {run.path} {rules.where or 'from ' + start.describe()}"
             + (f"; changed: {changed}" if changed else ""))
@@ -281,6 +282,8 @@ def open_run(cfg, kind: str, *, resume: RunDir | str | Path | None = None, run_d
     base = base_record(cfg, model, injected) if model is not None else None
     run = RunDir.create(out_dir, name, toml, kind=kind, info={"model": cfg.model.spec, "task": cfg.task.name, **(info or {})})
     run.log_config("create", 0, resolved)
+    if getattr(cfg, "auto_notes", None):  # what "auto" became on this machine (config.toml holds the values)
+        run.update_info(auto=cfg.auto_notes)
     if base is not None:
         if base["weights"] == BASE_DIR:
             save_model_dir(run.path / BASE_DIR, model, None, extra={"base.json": base})
@@ -413,6 +416,7 @@ def run_es(cfg, resume=None, *, model=None, tokenizer=None, task: Task | None = 
                           model=comps.model, injected=model is not None)
     record_plugins(run, comps.task)
     say(f"[evolm] run directory: {run.path}")
+    say(f"[evolm] {config_mod.parallelism(cfg)}")
     with marking_failures(run), tracking(cfg, run, es_engine.METHOD, start):
         probe = start_measurements(cfg, comps, run, start, es_engine.METHOD, probe=probe, eval_before=eval_before, say=say)
         factory = None
