@@ -67,7 +67,7 @@ def test_cpu_with_two_cores_and_ray_scores_on_ray_actors_at_one_thread(cores):
     cores(2)
     cfg = config.from_dict(config.ESJob, {})
     m, d = cfg.model, cfg.distributed
-    assert (m.device, m.dtype, m.threads, d.workers, d.threads) == ("cpu", "float32", 2, 2, 1)
+    assert (m.device, m.dtype, m.threads, d.workers, d.threads) == ("cpu", "float32", 1, 2, 1)  # driver: 1 thread too
     assert config.parallelism(cfg) == "parallelism: 2 Ray actors x 1 thread (auto: 2 cores)"
     text = config.to_toml(cfg)
     assert "auto" not in text  # the run directory records what was used
@@ -75,6 +75,8 @@ def test_cpu_with_two_cores_and_ray_scores_on_ray_actors_at_one_thread(cores):
     assert config.to_dict(again) == config.to_dict(cfg) and again.auto_notes == []
     assert config.parallelism(again) == "parallelism: 2 Ray actors x 1 thread (as configured)"
     assert config.from_dict(config.ESJob, {}, ["es.population=2"]).distributed.workers == 2
+    explicit = config.from_dict(config.ESJob, {}, ["model.threads=2"])  # an explicit driver thread count stays
+    assert (explicit.model.threads, explicit.distributed.workers, explicit.distributed.threads) == (2, 2, 1)
     cores(16)
     assert config.from_dict(config.ESJob, {}).distributed.workers == 8  # no more actors than members
 
@@ -83,7 +85,7 @@ def test_cpu_with_two_cores_and_ray_scores_on_ray_actors_at_one_thread(cores):
     ([], 1, True, "1 cores"),
     ([], 2, False, "Ray is not installed"),
     (["es.iterations=1", "es.population=4", "es.prompts_per_iteration=8", "generation.max_new_tokens=16"], 2, True,
-     "512 member tokens < 4096"),
+     "512 member tokens < 8192"),
     (["es.perturbation='lowrank'"], 2, True, "lowrank scores in one process"),
     (["generation.backend='vllm'"], 2, True, "vllm engine threads in one process"),
     (["distributed.address='auto'"], 2, True, "set distributed.workers to use the Ray cluster"),
@@ -116,7 +118,7 @@ def test_cuda_means_bf16_generation_for_es_and_float32_for_grpo(cores):
 def test_vllm_on_cpu_sizes_the_kv_cache_from_available_ram_and_explicit_values_stay(cores):
     cores(2)
     cfg = config.from_dict(config.ESJob, {}, ["generation.backend='vllm'"])
-    assert cfg.generation.vllm_kv_cache_gb == 5.0 and cfg.generation.vllm_gpu_memory_utilization == 0.9
+    assert cfg.generation.vllm_kv_cache_gb == 4.0 and cfg.generation.vllm_gpu_memory_utilization == 0.9  # 20 GiB / 4, capped at 4
     explicit = config.from_dict(config.ESJob, {}, ["generation.backend='vllm'", "generation.vllm_kv_cache_gb=2",
                                                    "model.threads=1", "distributed.workers=0", "model.device='cpu'"])
     assert explicit.generation.vllm_kv_cache_gb == 2.0 and explicit.model.threads == 1
@@ -180,11 +182,12 @@ def test_auto_ray_actors_reach_the_one_process_one_thread_weights_bit_for_bit(tm
 
     os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")  # other people's jobs on a shared machine
     cores(2)
-    cfg = config.from_dict(config.ESJob, {}, _sets(tmp_path / "auto", tiny_dir))
-    assert (cfg.distributed.workers, cfg.distributed.threads) == (2, 1)  # 2 x 8 x 8 x 32 = 4096 member tokens
+    big = f"generation.max_new_tokens={config.RAY_MIN_TOKENS // (2 * 8 * 8)}"  # just enough member tokens for Ray
+    cfg = config.from_dict(config.ESJob, {}, _sets(tmp_path / "auto", tiny_dir, big))
+    assert (cfg.distributed.workers, cfg.distributed.threads, cfg.model.threads) == (2, 1, 1)
     auto = run_es(cfg, task=vowel_task)
     assert "parallelism: 2 Ray actors x 1 thread (auto: 2 cores)" in capsys.readouterr().out
-    local = run_es(config.from_dict(config.ESJob, {}, _sets(tmp_path / "local", tiny_dir, "distributed.workers=0",
+    local = run_es(config.from_dict(config.ESJob, {}, _sets(tmp_path / "local", tiny_dir, big, "distributed.workers=0",
                                                                "model.threads=1")), task=vowel_task)
     train = [[r for r in run.metrics() if r.get("kind") == "train"] for run in (auto, local)]
     assert all(r["ray_actors"] == 2 for r in train[0]) and "ray_actors" not in train[1][0]

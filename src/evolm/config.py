@@ -122,7 +122,7 @@ class ModelConfig:
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """Dtype the model generates in. ES always keeps float32 master weights; with float32 it perturbs them in place. auto: bfloat16 for ES on CUDA (generation in bf16, float32 masters), float32 on CPU and for GRPO and pipelines (they train the model's own weights)."""
     threads: int | Literal["auto"] = "auto"
-    """torch CPU threads. auto: the cores this process may use (OMP_NUM_THREADS when set, else its CPU affinity capped by a cgroup CPU quota); an ES run that auto-chooses Ray actors scores at 1 thread per actor (distributed.workers)."""
+    """torch CPU threads. auto: the cores this process may use (OMP_NUM_THREADS when set, else its CPU affinity capped by a cgroup CPU quota); an ES run that auto-chooses 1-thread Ray actors (distributed.workers) runs its driver at 1 thread too, so the whole run equals one process at 1 thread."""
     device: str = "auto"
     """torch device for the model: auto (cuda when torch sees a GPU, else cpu), cpu, cuda, cuda:1, ..."""
     revision: str = ""
@@ -194,13 +194,13 @@ class GenerationConfig:
     eval_backend: Literal["hf", "same"] = "hf"
     """Backend of held-out evaluation and probes: hf (the reference: full-vocabulary token entropy) or same (the training backend; with vllm faster, but token entropy is not measured)."""
     vllm_kv_cache_gb: float | Literal["auto"] = "auto"
-    """vllm: memory reserved for the engine's KV cache in GiB (RAM on CPU, GPU memory on CUDA), on top of its weights. auto (backend vllm): a quarter of the available RAM (CPU) or of the free GPU memory (CUDA), shared by the engines of distributed.workers, rounded down to 0.25 GiB, at least 0.25 and at most 16; 1.0 with the hf backend (unused)."""
+    """vllm: memory reserved for the engine's KV cache in GiB (RAM on CPU, GPU memory on CUDA), on top of its weights. auto (backend vllm): a quarter of the available RAM per engine (CPU, at most 4) or of the free GPU memory per engine on a GPU (CUDA, at most 16), rounded down to 0.25 GiB, at least 0.25; 1.0 with the hf backend (unused)."""
     vllm_max_model_len: int = 2048
     """vllm: longest prompt + completion in tokens the engine accepts."""
     vllm_enforce_eager: bool = False
     """vllm: run the model eagerly instead of torch.compile'd (the engine starts in ~1 min instead of ~2-4 min on this project's CPU)."""
     vllm_gpu_memory_utilization: float | Literal["auto"] = "auto"
-    """vllm on CUDA: fraction of the GPU's memory one engine may take (vLLM's gpu_memory_utilization; the KV cache's size stays vllm_kv_cache_gb); Ray actors sharing a GPU (distributed.gpus < 1) need at most their share. auto: 0.9 of the fraction torch.cuda.mem_get_info finds free (rounded down to 0.01, at most 0.9, at most distributed.gpus when actors share a GPU); 0.9 without CUDA (ignored on CPU)."""
+    """vllm on CUDA: fraction of the GPU's memory one engine may take (vLLM's gpu_memory_utilization; the KV cache's size stays vllm_kv_cache_gb); Ray actors sharing a GPU (distributed.gpus < 1) need at most their share. auto: 0.9 of the fraction torch.cuda.mem_get_info finds free (rounded down to 0.01, at most 0.9, at most distributed.gpus when actors share a GPU); without a GPU here 0.9, or the actors' share (ignored on CPU)."""
 
     def validate(self, p: str) -> None:
         require(self.batch_size >= 1, f"{p}.batch_size must be >= 1 (got {self.batch_size})")
@@ -590,13 +590,18 @@ def validate(cfg) -> None:
 # "auto": where the run is
 
 
-RAY_MIN_TOKENS = 4096
+RAY_MIN_TOKENS = 8192
 """``distributed.workers = "auto"`` starts Ray actors only for runs whose members generate at least this
 many tokens in all (es.iterations x es.population x es.prompts_per_iteration x generation.max_new_tokens).
-Ray's start-up (the private instance and each actor loading its replica) cost ~6 s on a tiny model and
-~12 s with SmolLM2-135M on this project's 2-core machine, where the 135M model generates ~130 tokens/s
-per member on one thread: 4096 tokens are ~30 s of one-process scoring, which two actors at the measured
-1.77x turn into ~17 s, about break-even with the start-up. Below it Ray cannot pay (docs/distributed.md)."""
+Ray's start-up (the private instance, each actor importing evolm and loading its replica) is paid once
+per run: measured as the wall time of a 1-update run whose scoring costs nothing (2 members x 1 prompt x
+1 token) with 2 actors minus the same run in one process, on this project's 2-core machine while it was
+shared: 28-35 s with a tiny llama (load average 4-5), 38 s with SmolLM2-135M at load 5-7 (102 s at
+load 9). One-process scoring of the 135M model runs at 48-120 member tokens/s on one thread (idle
+machine: 86 s per update of 8 x 32 x 16 tokens in benchmarks/ray_scaling.py, 34.4 s in
+benchmarks/es_overhead.py) and two actors take 1/1.77 of that time: against a ~38 s start-up Ray breaks
+even between ~4,000 and ~10,000 tokens; 8192 sits between (the demo generates 49152, an update of
+configs/es-arithmetic.toml 4096)."""
 
 
 def resolve_auto(cfg) -> list[str]:
@@ -611,7 +616,7 @@ def resolve_auto(cfg) -> list[str]:
     - ``model.dtype``: bfloat16 for ES on CUDA (``AUTO_DTYPE_CUDA`` of the job class; the engine keeps
       float32 masters, ``evolm.es.params``), float32 otherwise.
     - ``distributed.workers`` (ES): see its field docstring; Ray actors get ``distributed.threads = 1``.
-    - ``model.threads``: the usable cores (``machine.usable_cores``).
+    - ``model.threads``: the usable cores (``machine.usable_cores``); 1 for the driver of 1-thread actors.
     - ``generation.vllm_*``: from free GPU memory / available RAM (their field docstrings)."""
     from evolm import machine
 
@@ -639,8 +644,14 @@ def resolve_auto(cfg) -> list[str]:
             dist.threads = 1
         notes.append(f"distributed.workers = {dist.workers} ({reason})")
     if isinstance(model, ModelConfig) and model.threads == AUTO:
-        model.threads = cores
-        notes.append(f"model.threads = {cores} (auto: {why})")
+        if dist is not None and dist.workers >= 2 and dist.threads == 1:
+            # the driver of 1-thread actors measures at 1 thread too: the whole run, held-out tables included
+            # (a sampled logit's last bits depend on the thread count), equals the one-process 1-thread run
+            model.threads = 1
+            notes.append("model.threads = 1 (auto: the driver of 1-thread Ray actors, as a one-process 1-thread run)")
+        else:
+            model.threads = cores
+            notes.append(f"model.threads = {cores} (auto: {why})")
     if isinstance(gen, GenerationConfig):
         notes += _auto_vllm(cfg, gen, dist, machine)
     cfg.auto_notes = getattr(cfg, "auto_notes", []) + notes  # validated again later: nothing auto is left then
@@ -689,7 +700,7 @@ def _auto_vllm(cfg, gen, dist, machine) -> list[str]:
                 pool, where = machine.cuda_free_fraction()[0] / engines, "free GPU memory"
             else:
                 pool, where = machine.available_ram_gb() / max(1, workers), "available RAM"
-            gen.vllm_kv_cache_gb = min(16.0, max(0.25, math.floor(pool) / 4))  # pool / 4 in 0.25 GiB steps
+            gen.vllm_kv_cache_gb = min(16.0 if cuda else 4.0, max(0.25, math.floor(pool) / 4))  # pool / 4 in 0.25 GiB steps
             notes.append(f"generation.vllm_kv_cache_gb = {gen.vllm_kv_cache_gb:g} (auto: a quarter of {pool:.1f} GiB "
                          f"{where} per engine)")
         else:
