@@ -769,6 +769,12 @@ updates already made were computed or measured (seed, model, task, reward, noise
 rate, sampling, held-out set), so changing it on resume would make ``config.toml`` lie about the run."""
 
 
+LEGACY_DEFAULTS = {"model.device": "cpu", "model.dtype": "float32", "model.threads": 1, "distributed.workers": 0,
+                   "generation.vllm_kv_cache_gb": 1.0, "generation.vllm_gpu_memory_utilization": 0.9}
+"""The defaults of the fields that became "auto": what a run directory's config.toml that lacks one of
+them (written by an evolm older than the field) ran with (``config_changes``)."""
+
+
 def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in d.items():
@@ -785,6 +791,10 @@ def config_changes(before: dict, cfg) -> dict[str, dict]:
     a dict): ``{"es.sigma": {"old": 0.001, "new": 0.002}, ...}``, nested tables compared key by key. A
     field ``before`` lacks (older evolm, or None omitted from TOML) counts as its default."""
     merged = to_dict(type(cfg)())
+    for key, value in LEGACY_DEFAULTS.items():  # what a config.toml without the field ran with
+        section, name = key.split(".")
+        if isinstance(merged.get(section), dict) and merged[section].get(name) == AUTO:
+            merged[section][name] = value
     for section, fields in before.items():
         if isinstance(fields, dict) and isinstance(merged.get(section), dict):
             merged[section].update(fields)
