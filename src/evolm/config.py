@@ -766,7 +766,9 @@ RESUME_MAY_CHANGE = ("run.name", "run.out_dir", "run.checkpoint_every", "run.kee
 where its metrics go, how it runs (threads, device, generation batch, Ray workers, vLLM engine sizes; a
 Ray population is bit-identical to a local one), whether it still measures. Every other field describes how the
 updates already made were computed or measured (seed, model, task, reward, noise, sigma, learning
-rate, sampling, held-out set), so changing it on resume would make ``config.toml`` lie about the run."""
+rate, sampling, held-out set), so changing it on resume would make ``config.toml`` lie about the run.
+A resumed run reuses the values its ``"auto"`` fields resolved to (recorded in ``config.toml``); ``--set
+model.threads=auto`` resolves one again on the resuming machine, and ``model.dtype`` (not listed) stays."""
 
 
 LEGACY_DEFAULTS = {"model.device": "cpu", "model.dtype": "float32", "model.threads": 1, "distributed.workers": 0,
