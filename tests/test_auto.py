@@ -198,3 +198,17 @@ def test_auto_ray_actors_reach_the_one_process_one_thread_weights_bit_for_bit(tm
     base = load_file(str(tiny_dir / "model.safetensors"))
     assert any(not torch.equal(a[k], base[k]) for k in a if k in base)  # training moved the weights
     assert auto.seed_log() == local.seed_log()
+
+
+def test_the_demo_uses_the_auto_defaults(cores):
+    import tomllib
+
+    from evolm.commands.demo import demo_config_text
+
+    data = tomllib.loads(demo_config_text())
+    assert not {"device", "dtype", "threads"} & set(data["model"]) and "distributed" not in data  # nothing pinned
+    cores(2)
+    cfg = config.from_dict(config.ESJob, data)
+    assert config.parallelism(cfg) == "parallelism: 2 Ray actors x 1 thread (auto: 2 cores)"  # 49152 member tokens
+    one = config.from_dict(config.ESJob, data, ["distributed.workers=0", "model.threads=1"])  # what the README says
+    assert config.parallelism(one) == "parallelism: one process x 1 thread on cpu (as configured)"
