@@ -26,6 +26,9 @@ Design decisions:
   with exactly those weights. A float32 model's step-0 weights are its spec's; a lower-precision
   model (``model.dtype = "bfloat16"``) starts from the spec *rounded*, so those rounded weights are
   saved to ``<run>/base/`` (in the model's dtype: exact, half the size of float32).
+- The config arrives resolved (``config.resolve_auto``: no ``"auto"`` left), so ``config.toml`` says what
+  the run used; ``open_run`` adds the reasons to ``run.json`` (``auto``), and ``run_es`` prints where
+  members are scored (``[evolm] parallelism: ...``) right after the run directory.
 - ``start_measurements`` takes the held-out evaluation before training and the step-0 probe, once
   (a resume that already logged them does not measure them again; a sweep can hand in a shared
   ``eval_before``); ``finish_run`` takes the final probe (unless logged), saves ``final/``, the
