@@ -13,8 +13,14 @@ import contextlib
 import copy
 import os
 
-import pytest
-import torch
+# Every test process (each pytest-xdist worker, and the CLI subprocesses tests start, which inherit it) uses
+# one core: the "auto" defaults (model.threads, distributed.workers) read it as the usable cores
+# (evolm.machine.usable_cores), so a default config runs one thread in one process and never starts Ray.
+# Tests of the resolution itself set the cores they need (tests/test_auto.py).
+os.environ["OMP_NUM_THREADS"] = "1"
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 torch.set_num_threads(1)

@@ -84,7 +84,9 @@ def test_vllm_inside_ray_actors_is_accepted_and_layouts_that_cannot_work_are_ref
         config.from_dict(config.ESJob, {}, ray_vllm + ["model.device='cuda'", "distributed.gpus=1"])
     with pytest.raises(config.ConfigError, match=r"distributed.gpus=0.5 puts 2 vLLM engines on one GPU, each asking "
                                                  r"generation.vllm_gpu_memory_utilization=0.9 .*at most 0.5"):
-        config.from_dict(config.ESJob, {}, ray_vllm + ["distributed.gpus=0.5"])
+        config.from_dict(config.ESJob, {}, ray_vllm + ["distributed.gpus=0.5", "generation.vllm_gpu_memory_utilization=0.9"])
+    shared = config.from_dict(config.ESJob, {}, ray_vllm + ["distributed.gpus=0.5"])  # auto takes at most the share
+    assert shared.generation.vllm_gpu_memory_utilization <= 0.5
     config.from_dict(config.ESJob, {}, ray_vllm + ["distributed.gpus=0.5", "generation.vllm_gpu_memory_utilization=0.45"])
     config.from_dict(config.ESJob, {}, ray_vllm + ["distributed.gpus=1"])
     with pytest.raises(config.ConfigError, match=r"es.perturbation='lowrank'"):  # low-rank with Ray stays refused

@@ -43,6 +43,9 @@ from evolm.tasks import TASKS, find_task
 # --------------------------------------------------------------------------------------------------
 # sections
 
+AUTO = "auto"
+"""The value of the fields resolved from this machine when a config is validated (``resolve_auto``)."""
+
 TRACKERS = ("tensorboard", "wandb")
 """The experiment trackers ``run.report_to`` can name (``evolm.trackers``)."""
 
@@ -116,21 +119,21 @@ class RunConfig:
 class ModelConfig:
     spec: str = "smollm2-135m"
     """Model to train: an embedded name (smollm2-135m, gemma3-270m), a model directory, a run directory, a .gguf file or a hub id."""
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Dtype the model generates in. ES always keeps float32 master weights; with float32 it perturbs them in place."""
-    threads: int = 1
-    """torch CPU threads (1 is steadiest on a shared 2-core machine)."""
-    device: str = "cpu"
-    """torch device for the model: cpu, cuda, cuda:1, ..."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Dtype the model generates in. ES always keeps float32 master weights; with float32 it perturbs them in place. auto: bfloat16 for ES on CUDA (generation in bf16, float32 masters), float32 on CPU and for GRPO and pipelines (they train the model's own weights)."""
+    threads: int | Literal["auto"] = "auto"
+    """torch CPU threads. auto: the cores this process may use (OMP_NUM_THREADS when set, else its CPU affinity capped by a cgroup CPU quota); an ES run that auto-chooses 1-thread Ray actors (distributed.workers) runs its driver at 1 thread too, so the whole run equals one process at 1 thread."""
+    device: str = "auto"
+    """torch device for the model: auto (cuda when torch sees a GPU, else cpu), cpu, cuda, cuda:1, ..."""
     revision: str = ""
     """Hub id specs: the branch, tag or commit to load ("" is the repository's default branch); pin a commit to make a run reproducible. Ignored for local files."""
     trust_remote_code: bool = False
     """Run the Python code a model's repository (or directory) ships for its architecture; only for models whose code you trust."""
 
     def validate(self, p: str) -> None:
-        require(self.threads >= 1, f"{p}.threads must be >= 1 (got {self.threads})")
-        require(self.device == "cpu" or self.device.startswith(("cuda", "mps")),
-                f"{p}.device must be cpu, cuda[:i] or mps (got '{self.device}')")
+        require(self.threads == AUTO or self.threads >= 1, f"{p}.threads must be >= 1 or 'auto' (got {self.threads})")
+        require(self.device in ("cpu", AUTO) or self.device.startswith(("cuda", "mps")),
+                f"{p}.device must be auto, cpu, cuda[:i] or mps (got '{self.device}')")
 
 
 @dataclass
@@ -190,14 +193,14 @@ class GenerationConfig:
     """Run a prefix shared by a batch's prompts (system message, worked demonstrations) once and reuse its KV cache."""
     eval_backend: Literal["hf", "same"] = "hf"
     """Backend of held-out evaluation and probes: hf (the reference: full-vocabulary token entropy) or same (the training backend; with vllm faster, but token entropy is not measured)."""
-    vllm_kv_cache_gb: float = 1.0
-    """vllm: memory reserved for the engine's KV cache in GiB (RAM on CPU, GPU memory on CUDA), on top of its weights."""
+    vllm_kv_cache_gb: float | Literal["auto"] = "auto"
+    """vllm: memory reserved for the engine's KV cache in GiB (RAM on CPU, GPU memory on CUDA), on top of its weights. auto (backend vllm): a quarter of the available RAM per engine (CPU, at most 4) or of the free GPU memory per engine on a GPU (CUDA, at most 16), rounded down to 0.25 GiB, at least 0.25; 1.0 with the hf backend (unused)."""
     vllm_max_model_len: int = 2048
     """vllm: longest prompt + completion in tokens the engine accepts."""
     vllm_enforce_eager: bool = False
     """vllm: run the model eagerly instead of torch.compile'd (the engine starts in ~1 min instead of ~2-4 min on this project's CPU)."""
-    vllm_gpu_memory_utilization: float = 0.9
-    """vllm on CUDA: fraction of the GPU's memory one engine may take (vLLM's gpu_memory_utilization; the KV cache's size stays vllm_kv_cache_gb); Ray actors sharing a GPU (distributed.gpus < 1) need at most their share. Ignored on CPU."""
+    vllm_gpu_memory_utilization: float | Literal["auto"] = "auto"
+    """vllm on CUDA: fraction of the GPU's memory one engine may take (vLLM's gpu_memory_utilization; the KV cache's size stays vllm_kv_cache_gb); Ray actors sharing a GPU (distributed.gpus < 1) need at most their share. auto: 0.9 of the fraction torch.cuda.mem_get_info finds free (rounded down to 0.01, at most 0.9, at most distributed.gpus when actors share a GPU); without a GPU here 0.9, or the actors' share (ignored on CPU)."""
 
     def validate(self, p: str) -> None:
         require(self.batch_size >= 1, f"{p}.batch_size must be >= 1 (got {self.batch_size})")
@@ -205,9 +208,9 @@ class GenerationConfig:
         require(0 <= self.temperature <= MAX_TEMPERATURE,
                 f"{p}.temperature must be in [0, {MAX_TEMPERATURE:g}] (got {self.temperature})")
         require(0 < self.top_p <= 1, f"{p}.top_p must be in (0, 1] (got {self.top_p})")
-        require(self.vllm_kv_cache_gb > 0, f"{p}.vllm_kv_cache_gb must be > 0 (got {self.vllm_kv_cache_gb})")
+        require(self.vllm_kv_cache_gb == AUTO or self.vllm_kv_cache_gb > 0, f"{p}.vllm_kv_cache_gb must be > 0 (got {self.vllm_kv_cache_gb})")
         require(self.vllm_max_model_len >= 16, f"{p}.vllm_max_model_len must be >= 16 (got {self.vllm_max_model_len})")
-        require(0 < self.vllm_gpu_memory_utilization <= 1,
+        require(self.vllm_gpu_memory_utilization == AUTO or 0 < self.vllm_gpu_memory_utilization <= 1,
                 f"{p}.vllm_gpu_memory_utilization must be in (0, 1] (got {self.vllm_gpu_memory_utilization})")
 
 
@@ -309,8 +312,8 @@ def _validate_heldout(section, p: str) -> None:
 
 @dataclass
 class DistributedConfig:
-    workers: int = 0
-    """Ray actors scoring the ES population, each with its own model replica (0 or 1: score in this process, no Ray). Needs the distributed extra: pip install 'evolm[distributed]'."""
+    workers: int | Literal["auto"] = "auto"
+    """Ray actors scoring the ES population, each with its own model replica (0 or 1: score in this process, no Ray). Needs the distributed extra: pip install 'evolm[distributed]'. auto: on CPU with >= 2 usable cores and Ray installed, one actor per core (at most es.population) at 1 thread each (distributed.threads), bit-identical to a one-process 1-thread run; else 0 (threads in this process): a GPU run, the vllm backend, es.perturbation = lowrank, or a run too small to pay Ray's start-up (fewer than RAY_MIN_TOKENS = es.iterations x es.population x es.prompts_per_iteration x generation.max_new_tokens generated tokens). The choice is printed at the start and recorded in config.toml."""
     address: str = ""
     """Ray cluster: "" starts a private Ray instance on this machine (no dashboard); "auto" joins the cluster this machine belongs to (ray start); "ray://HOST:10001" connects through Ray Client; HOST:PORT joins that cluster's head."""
     threads: int = 0
@@ -321,7 +324,7 @@ class DistributedConfig:
     """Replacement actors started over the whole run for actors that die (their unfinished members are rescored); past that a dead actor is dropped and the rest carry on."""
 
     def validate(self, p: str) -> None:
-        require(self.workers >= 0, f"{p}.workers must be >= 0 (got {self.workers})")
+        require(self.workers == AUTO or self.workers >= 0, f"{p}.workers must be >= 0 or 'auto' (got {self.workers})")
         require(self.threads >= 0, f"{p}.threads must be >= 0 (got {self.threads})")
         require(self.gpus >= 0, f"{p}.gpus must be >= 0 (got {self.gpus})")
         require(self.max_restarts >= 0, f"{p}.max_restarts must be >= 0 (got {self.max_restarts})")
@@ -385,6 +388,9 @@ class ProbeConfig:
 @dataclass
 class ESJob:
     """An ES post-training run: ``evolm es --config FILE``."""
+
+    AUTO_DTYPE_CUDA = "bfloat16"
+    """What ``model.dtype = "auto"`` means on CUDA: bf16 generation, float32 masters (``resolve_auto``)."""
 
     run: RunConfig = field(default_factory=RunConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -460,6 +466,11 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
                 return _coerce(value, arg, path)
             except ConfigError as e:
                 errors.append(str(e))
+        literals = [v for arg in args if typing.get_origin(arg) is Literal for v in typing.get_args(arg)]
+        if literals and errors:  # int | Literal["auto"]: name both
+            kinds = {int: "an integer", float: "a number", str: "a string"}
+            named = [kinds.get(a, _type_name(a)) for a in args if typing.get_origin(a) is not Literal and a is not type(None)]
+            raise ConfigError(f"{path} must be {' or '.join(named + [repr(v) for v in literals])} (got {value!r})")
         raise ConfigError(errors[0] if errors else f"{path} has the wrong type")
     if origin is Literal:
         if value not in args:
@@ -567,13 +578,155 @@ def load(cls, path: str | Path | None = None, overrides: list[str] | tuple[str, 
 
 
 def validate(cfg) -> None:
-    """Run ``validate(prefix)`` of every section of a job config."""
+    """Run ``validate(prefix)`` of every section of a job config, resolve its ``"auto"`` fields from this
+    machine (``resolve_auto``), then check the job as a whole."""
     for f in dataclasses.fields(cfg):
         section = getattr(cfg, f.name)
         if hasattr(section, "validate"):
             section.validate(f.name)
+    resolve_auto(cfg)
     if hasattr(cfg, "validate_job"):
         cfg.validate_job()
+
+
+# --------------------------------------------------------------------------------------------------
+# "auto": where the run is
+
+
+RAY_MIN_TOKENS = 8192
+"""``distributed.workers = "auto"`` starts Ray actors only for runs whose members generate at least this
+many tokens in all (es.iterations x es.population x es.prompts_per_iteration x generation.max_new_tokens).
+Ray's start-up (the private instance, each actor importing evolm and loading its replica) is paid once
+per run: measured as the wall time of a 1-update run whose scoring costs nothing (2 members x 1 prompt x
+1 token) with 2 actors minus the same run in one process, on this project's 2-core machine while it was
+shared: 28-35 s with a tiny llama (load average 4-5), 38 s with SmolLM2-135M at load 5-7 (102 s at
+load 9). One-process scoring of the 135M model runs at 48-120 member tokens/s on one thread (idle
+machine: 86 s per update of 8 x 32 x 16 tokens in benchmarks/ray_scaling.py, 34.4 s in
+benchmarks/es_overhead.py) and two actors take 1/1.77 of that time: against a ~38 s start-up Ray breaks
+even between ~4,000 and ~10,000 tokens; 8192 sits between (the demo generates 49152, an update of
+configs/es-arithmetic.toml 4096)."""
+
+
+def resolve_auto(cfg) -> list[str]:
+    """Replace the ``"auto"`` values of a job config with what this machine offers (``evolm.machine``), in
+    place, and return one note per resolved choice (``cfg.auto_notes``, printed by the job at its start).
+    Explicit values are left as they are. A config read back from a run directory has no ``"auto"`` left:
+    resume, replay and ``eval --like`` reuse the values the run resolved (``--set model.threads=auto`` asks
+    for this machine's again, where a resume may change the field; ``model.dtype`` may not change).
+
+    - ``model.device``: cuda when torch sees a GPU, else cpu (cpu for the driver of Ray actors without
+      ``distributed.gpus``, or of vLLM actors: their engines take the GPUs).
+    - ``model.dtype``: bfloat16 for ES on CUDA (``AUTO_DTYPE_CUDA`` of the job class; the engine keeps
+      float32 masters, ``evolm.es.params``), float32 otherwise.
+    - ``distributed.workers`` (ES): see its field docstring; Ray actors get ``distributed.threads = 1``.
+    - ``model.threads``: the usable cores (``machine.usable_cores``); 1 for the driver of 1-thread actors.
+    - ``generation.vllm_*``: from free GPU memory / available RAM (their field docstrings)."""
+    from evolm import machine
+
+    notes: list[str] = []
+    model = getattr(cfg, "model", None)
+    dist = getattr(cfg, "distributed", None)
+    gen = getattr(cfg, "generation", None)
+    cores, why = machine.usable_cores()
+    if isinstance(model, ModelConfig):
+        if model.device == AUTO:
+            cuda = machine.cuda_available()
+            driver_only = dist is not None and isinstance(dist.workers, int) and dist.workers >= 2 and (
+                not dist.gpus or (gen is not None and gen.backend == "vllm"))
+            model.device = "cuda" if cuda and not driver_only else "cpu"
+            notes.append(f"model.device = {model.device} (auto: {'a CUDA GPU' if cuda else 'no CUDA GPU'}"
+                         + (", the driver of Ray actors" if cuda and driver_only else "") + ")")
+        if model.dtype == AUTO:
+            low = model.device.startswith("cuda") and getattr(type(cfg), "AUTO_DTYPE_CUDA", "float32") != "float32"
+            model.dtype = type(cfg).AUTO_DTYPE_CUDA if low else "float32"
+            notes.append(f"model.dtype = {model.dtype} (auto: "
+                         + ("ES on CUDA, float32 masters" if low else f"{'cpu' if model.device == 'cpu' else 'trains its own weights'}") + ")")
+    if dist is not None and dist.workers == AUTO:
+        dist.workers, reason = _auto_workers(cfg, cores, why, machine.ray_importable())
+        if dist.workers >= 2 and not dist.threads:
+            dist.threads = 1
+        notes.append(f"distributed.workers = {dist.workers} ({reason})")
+    if isinstance(model, ModelConfig) and model.threads == AUTO:
+        if dist is not None and dist.workers >= 2 and dist.threads == 1:
+            # the driver of 1-thread actors measures at 1 thread too: the whole run, held-out tables included
+            # (a sampled logit's last bits depend on the thread count), equals the one-process 1-thread run
+            model.threads = 1
+            notes.append("model.threads = 1 (auto: the driver of 1-thread Ray actors, as a one-process 1-thread run)")
+        else:
+            model.threads = cores
+            notes.append(f"model.threads = {cores} (auto: {why})")
+    if isinstance(gen, GenerationConfig):
+        notes += _auto_vllm(cfg, gen, dist, machine)
+    cfg.auto_notes = getattr(cfg, "auto_notes", []) + notes  # validated again later: nothing auto is left then
+    return notes
+
+
+def _auto_workers(cfg, cores: int, why: str, ray: bool) -> tuple[int, str]:
+    """``distributed.workers = "auto"`` of an ES job: (workers, why)."""
+    es, dist, gen, model = cfg.es, cfg.distributed, cfg.generation, cfg.model
+    if dist.address.strip():  # a cluster's size is known once joined: the number of actors is the user's to say
+        return 0, "auto counts this machine's cores only: set distributed.workers to use the Ray cluster at distributed.address"
+    tokens = es.iterations * es.population * es.prompts_per_iteration * gen.max_new_tokens
+    if model.device != "cpu":
+        return 0, f"auto: {model.device} run, one process"
+    if gen.backend != "hf":
+        return 0, f"auto: the {gen.backend} engine threads in one process"
+    if es.perturbation != "full":
+        return 0, f"auto: es.perturbation = {es.perturbation} scores in one process"
+    if cores < 2:
+        return 0, f"auto: {why}"
+    if not ray:
+        return 0, "auto: Ray is not installed (pip install 'evolm[distributed]')"
+    if tokens < RAY_MIN_TOKENS:
+        return 0, f"auto: {tokens} member tokens < {RAY_MIN_TOKENS}, too few to pay Ray's start-up"
+    return min(cores, es.population), f"auto: {why}"
+
+
+def _auto_vllm(cfg, gen, dist, machine) -> list[str]:
+    notes = []
+    vllm = gen.backend == "vllm"
+    cuda = vllm and machine.cuda_available()  # vLLM's GPU build runs on CUDA whatever model.device says
+    workers = dist.workers if dist is not None and isinstance(dist.workers, int) else 0
+    share = dist.gpus if dist is not None and workers >= 2 and 0 < dist.gpus < 1 else 1.0
+    if gen.vllm_gpu_memory_utilization == AUTO:
+        if cuda:
+            free, total = machine.cuda_free_fraction()
+            gen.vllm_gpu_memory_utilization = max(0.01, min(0.9, share, math.floor(90 * free / total) / 100))
+            notes.append(f"generation.vllm_gpu_memory_utilization = {gen.vllm_gpu_memory_utilization:g} "
+                         f"(auto: {free:.1f} of {total:.1f} GiB free)")
+        else:  # no GPU here (a Ray cluster's actors may have one): vLLM's own default, within the actors' share
+            gen.vllm_gpu_memory_utilization = min(0.9, share)
+    if gen.vllm_kv_cache_gb == AUTO:
+        if vllm:
+            if cuda:  # each actor has its own GPU unless distributed.gpus < 1 packs several onto one
+                engines = math.floor(1 / share + 1e-9) if share < 1 else 1
+                pool, where = machine.cuda_free_fraction()[0] / engines, "free GPU memory"
+            else:
+                pool, where = machine.available_ram_gb() / max(1, workers), "available RAM"
+            gen.vllm_kv_cache_gb = min(16.0 if cuda else 4.0, max(0.25, math.floor(pool) / 4))  # pool / 4 in 0.25 GiB steps
+            notes.append(f"generation.vllm_kv_cache_gb = {gen.vllm_kv_cache_gb:g} (auto: a quarter of {pool:.1f} GiB "
+                         f"{where} per engine)")
+        else:
+            gen.vllm_kv_cache_gb = 1.0
+    return notes
+
+
+def parallelism(cfg) -> str:
+    """One line saying where an ES job scores its members and why (printed at the start of the run):
+    ``parallelism: 2 Ray actors x 1 thread (auto: 2 cores)``."""
+    d, m = cfg.distributed, cfg.model
+    if d.workers >= 2:
+        t = d.threads or m.threads
+        where = f"{d.workers} Ray actors x {t} thread{'s' if t != 1 else ''}"
+    else:
+        where = f"one process x {m.threads} thread{'s' if m.threads != 1 else ''} on {m.device}"
+    notes = {n.split(" = ")[0]: n for n in getattr(cfg, "auto_notes", [])}
+    note = notes.get("distributed.workers") or notes.get("model.threads")
+    how = note[note.index("("):] if note else "(as configured)"
+    threads = notes.get("model.threads", "").split("(auto: ")[-1]
+    if "distributed.workers" in notes and threads and d.workers < 2 and threads[:-1] not in how:
+        how = how[:-1] + f"; {threads}"
+    return f"parallelism: {where} {how}"
 
 
 def _deepcopy(d):
@@ -616,7 +769,15 @@ RESUME_MAY_CHANGE = ("run.name", "run.out_dir", "run.checkpoint_every", "run.kee
 where its metrics go, how it runs (threads, device, generation batch, Ray workers, vLLM engine sizes; a
 Ray population is bit-identical to a local one), whether it still measures. Every other field describes how the
 updates already made were computed or measured (seed, model, task, reward, noise, sigma, learning
-rate, sampling, held-out set), so changing it on resume would make ``config.toml`` lie about the run."""
+rate, sampling, held-out set), so changing it on resume would make ``config.toml`` lie about the run.
+A resumed run reuses the values its ``"auto"`` fields resolved to (recorded in ``config.toml``); ``--set
+model.threads=auto`` resolves one again on the resuming machine, and ``model.dtype`` (not listed) stays."""
+
+
+LEGACY_DEFAULTS = {"model.device": "cpu", "model.dtype": "float32", "model.threads": 1, "distributed.workers": 0,
+                   "generation.vllm_kv_cache_gb": 1.0, "generation.vllm_gpu_memory_utilization": 0.9}
+"""The defaults of the fields that became "auto": what a run directory's config.toml that lacks one of
+them (written by an evolm older than the field) ran with (``config_changes``)."""
 
 
 def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
@@ -635,6 +796,10 @@ def config_changes(before: dict, cfg) -> dict[str, dict]:
     a dict): ``{"es.sigma": {"old": 0.001, "new": 0.002}, ...}``, nested tables compared key by key. A
     field ``before`` lacks (older evolm, or None omitted from TOML) counts as its default."""
     merged = to_dict(type(cfg)())
+    for key, value in LEGACY_DEFAULTS.items():  # what a config.toml without the field ran with
+        section, name = key.split(".")
+        if isinstance(merged.get(section), dict) and merged[section].get(name) == AUTO:
+            merged[section][name] = value
     for section, fields in before.items():
         if isinstance(fields, dict) and isinstance(merged.get(section), dict):
             merged[section].update(fields)

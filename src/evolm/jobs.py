@@ -26,6 +26,9 @@ Design decisions:
   with exactly those weights. A float32 model's step-0 weights are its spec's; a lower-precision
   model (``model.dtype = "bfloat16"``) starts from the spec *rounded*, so those rounded weights are
   saved to ``<run>/base/`` (in the model's dtype: exact, half the size of float32).
+- The config arrives resolved (``config.resolve_auto``: no ``"auto"`` left), so ``config.toml`` says what
+  the run used; ``open_run`` adds the reasons to ``run.json`` (``auto``), and ``run_es`` prints where
+  members are scored (``[evolm] parallelism: ...``) right after the run directory.
 - ``start_measurements`` takes the held-out evaluation before training and the step-0 probe, once
   (a resume that already logged them does not measure them again; a sweep can hand in a shared
   ``eval_before``); ``finish_run`` takes the final probe (unless logged), saves ``final/``, the
@@ -268,7 +271,8 @@ def open_run(cfg, kind: str, *, resume: RunDir | str | Path | None = None, run_d
         if kept is not None:
             say(f"[evolm] {kept.name}: the held-out evaluation of the weights before this resume (eval_after.json is "
                 "measured again when the run finishes)")
-        run.update_info(status="running", resumed_from_step=start.step, **this_process())
+        run.update_info(status="running", resumed_from_step=start.step, **this_process(),
+                        **({"auto": cfg.auto_notes} if getattr(cfg, "auto_notes", None) else {}))
         changed = ", ".join(f"{k} {_show(v['old'])} -> {_show(v['new'])}" for k, v in changes.items())
         say(f"[evolm] resuming {run.path} {rules.where or 'from ' + start.describe()}"
             + (f"; changed: {changed}" if changed else ""))
@@ -281,6 +285,8 @@ def open_run(cfg, kind: str, *, resume: RunDir | str | Path | None = None, run_d
     base = base_record(cfg, model, injected) if model is not None else None
     run = RunDir.create(out_dir, name, toml, kind=kind, info={"model": cfg.model.spec, "task": cfg.task.name, **(info or {})})
     run.log_config("create", 0, resolved)
+    if getattr(cfg, "auto_notes", None):  # what "auto" became on this machine (config.toml holds the values)
+        run.update_info(auto=cfg.auto_notes)
     if base is not None:
         if base["weights"] == BASE_DIR:
             save_model_dir(run.path / BASE_DIR, model, None, extra={"base.json": base})
@@ -413,6 +419,7 @@ def run_es(cfg, resume=None, *, model=None, tokenizer=None, task: Task | None = 
                           model=comps.model, injected=model is not None)
     record_plugins(run, comps.task)
     say(f"[evolm] run directory: {run.path}")
+    say(f"[evolm] {config_mod.parallelism(cfg)}")
     with marking_failures(run), tracking(cfg, run, es_engine.METHOD, start):
         probe = start_measurements(cfg, comps, run, start, es_engine.METHOD, probe=probe, eval_before=eval_before, say=say)
         factory = None

@@ -66,7 +66,7 @@ from typing import Any, Callable, Literal, Mapping, Sequence
 
 from evolm import config as config_mod
 from evolm import jobs, models
-from evolm.config import (ESSection, ESJob, EvalConfig, GenerationConfig, ModelConfig, ProbeConfig, RunConfig, TaskConfig,
+from evolm.config import (DistributedConfig, ESSection, ESJob, EvalConfig, GenerationConfig, ModelConfig, ProbeConfig, RunConfig, TaskConfig,
                           require)
 from evolm.console import say_for
 from evolm.errors import ConfigError, UserError
@@ -311,7 +311,8 @@ def stage_config(cfg: PipelineJob, stage: Stage, stages_dir: str | Path, spent_b
                   generation=copy.deepcopy(cfg.generation), eval=dataclasses.replace(cfg.eval, before_after=False),
                   probe=copy.deepcopy(cfg.probe))
     if stage.method == "es":
-        return ESJob(es=dataclasses.replace(cfg.es, iterations=stage.updates), **common)
+        # one process: stages hand the weights over in memory (distributed.workers = "auto" would pick Ray actors)
+        return ESJob(es=dataclasses.replace(cfg.es, iterations=stage.updates), distributed=DistributedConfig(workers=0), **common)
     return GRPOJob(grpo=dataclasses.replace(cfg.grpo, steps=stage.updates), **common)
 
 

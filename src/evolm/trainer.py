@@ -70,12 +70,12 @@ class _Common:
     """k of pass@k (eval.k)."""
     before_after: bool = True
     """Evaluate before and after training (eval.before_after)."""
-    dtype: str = "float32"
-    """Dtype the model generates in (model.dtype)."""
-    device: str = "cpu"
-    """torch device (model.device)."""
-    threads: int = 1
-    """torch CPU threads (model.threads)."""
+    dtype: str = "auto"
+    """Dtype the model generates in (model.dtype; auto: bfloat16 for ES on CUDA, else float32)."""
+    device: str = "auto"
+    """torch device (model.device; auto: cuda when torch sees a GPU, else cpu)."""
+    threads: int | str = "auto"
+    """torch CPU threads (model.threads; auto: the cores this process may use)."""
     save: str = "all"
     """Weights kept on disk (run.save: all, final, none)."""
     report_to: list[str] = field(default_factory=list)
@@ -120,8 +120,8 @@ class ESConfig(_Common):
     """Fitness shaping (es.shaping: zscore, centered_rank, none)."""
     estimator: str = "one_point"
     """one_point or antithetic (es.estimator)."""
-    workers: int = 0
-    """Ray actors scoring the population (distributed.workers; 0: this process)."""
+    workers: int | str = "auto"
+    """Ray actors scoring the population (distributed.workers; 0: this process; auto: one per core on CPU when Ray is installed and the run is large enough)."""
 
     def to_overrides(self) -> list[str]:
         sets = {"es.iterations": self.iterations, "es.population": self.population, "es.sigma": self.sigma,

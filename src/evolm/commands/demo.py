@@ -2,7 +2,12 @@
 
 It runs ``evolm es`` with the packaged ``configs/demo.toml`` (SmolLM2-135M-Instruct, 2-digit addition
 with a one-shot prompt, N=8, sigma=1e-3, lr=5e-4, 12 updates of 32 prompts each; about 8.5 minutes on
-one thread of an otherwise idle 2-core CPU, about twice that when another job shares the cores). It
+one thread of an otherwise idle 2-core CPU, about twice that when another job shares the cores). Where
+it runs is the config's "auto" default (``config.resolve_auto``): on a CPU with 2+ usable cores and Ray
+installed the members are scored by one Ray actor per core at 1 thread each, bit-identical to
+``--set distributed.workers=0 --set model.threads=1`` (one process, one thread;
+``benchmarks/demo_parallel.py`` times the two); on CUDA the model generates in bfloat16 on the GPU with
+float32 masters. The choice is printed as ``[evolm] parallelism: ...`` after the run directory. It
 prints the run directory first, then held-out greedy accuracy and pass@k (unbiased estimator, k <= 8)
 before and after, and last what the numbers mean: the table is measured on held-out problems, the same
 before and after; the training reward is each update's own minibatch (a different one every update),
@@ -31,7 +36,10 @@ def demo_config_text() -> str:
 def register(sub) -> None:
     p = sub.add_parser("demo", help="short ES run on the embedded SmolLM2-135M with before/after pass@k",
                        description="ES on the embedded SmolLM2-135M-Instruct on 2-digit arithmetic (about ten minutes "
-                                   "on 2 CPU cores): held-out greedy accuracy and pass@k before and after, and the run directory.")
+                                   "on one CPU core): held-out greedy accuracy and pass@k before and after, and the run directory. "
+                                   "Device, dtype, threads and Ray actors are chosen for this machine (printed at the start as "
+                                   "'[evolm] parallelism: ...'); --set distributed.workers=0 --set model.threads=1 runs one "
+                                   "process on one thread (same training result).")
     p.add_argument("--set", "-s", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a field of the packaged demo config (evolm/configs/demo.toml), e.g. --set es.iterations=5")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted demo run")
