@@ -209,17 +209,8 @@ void counter_restore(torch::Tensor theta, torch::Tensor table, int64_t k0, int64
 
 // theta += round(scale * acc), acc = sum over d, in order, of round(c_d * eps_d) (from 0), per element;
 // keys: int64 (D, 2), coefs: float64 (D). write = false only checks that every new value is finite.
-bool counter_update(torch::Tensor theta, torch::Tensor table, torch::Tensor keys, torch::Tensor coefs, double scale,
-                    bool write) {
-  const int64_t n = theta.numel();
-  const int64_t D = coefs.numel();
-  float* t = theta.data_ptr<float>();
-  const float* tab = table.data_ptr<float>();
-  const int64_t* k = keys.data_ptr<int64_t>();
-  const double* c64 = coefs.data_ptr<double>();
-  std::vector<float> c(D);
-  for (int64_t d = 0; d < D; ++d) c[d] = static_cast<float>(c64[d]);
-  const float sc = static_cast<float>(scale);
+EVOLM_CLONES static bool counter_update_loop(float* t, int64_t n, const float* tab, const int64_t* k, const float* c,
+                                             int64_t D, float sc, bool write) {
   alignas(64) float e[B];
   alignas(64) float acc[B];
   for (int64_t s = 0; s < n; s += B) {
@@ -247,6 +238,16 @@ bool counter_update(torch::Tensor theta, torch::Tensor table, torch::Tensor keys
     }
   }
   return true;
+}
+
+bool counter_update(torch::Tensor theta, torch::Tensor table, torch::Tensor keys, torch::Tensor coefs, double scale,
+                    bool write) {
+  const int64_t D = coefs.numel();
+  const double* c64 = coefs.data_ptr<double>();
+  std::vector<float> c(D);
+  for (int64_t d = 0; d < D; ++d) c[d] = static_cast<float>(c64[d]);
+  return counter_update_loop(theta.data_ptr<float>(), theta.numel(), table.data_ptr<float>(), keys.data_ptr<int64_t>(),
+                             c.data(), D, static_cast<float>(scale), write);
 }
 """
 
