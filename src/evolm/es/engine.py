@@ -198,6 +198,8 @@ def train(cfg, comps, run: RunDir, start, params: ParamSet, *, probe: Callable |
     generator.sync_weights()
     path = params.perturb_path  # builds the fused kernel now (announced), so no timed record or ETA includes it
     population = (population_factory or make_population)(cfg, params, generator, task)
+    if start.step and hasattr(population, "resume_from"):  # e.g. generation.verify="auto" that turned itself off
+        population.resume_from(run.metrics())
     layout = member_layout(es.estimator, es.population)
     if start.step == 0 and not run.seed_log():
         run.log_seed(run_header(params, cfg, layout))
