@@ -220,3 +220,46 @@ def test_auto_turns_itself_off_when_acceptance_is_low_and_stays_off_on_resume(tm
     pop = LocalPopulation(None, HFGenerator(make_tiny_model(tokenizer), tokenizer), None, verify="auto")
     pop.resume_from(run.metrics())
     assert pop.verify == "off"
+
+
+# -- the real default model, shipped configs (slow) ---------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path, overrides", [
+    ("configs/es-arithmetic.toml", []),
+    ("configs/es-countdown-qiu.toml", ["task.params={}", "generation.max_new_tokens=64"]),  # generated problems
+])
+def test_shipped_configs_give_the_same_members_with_and_without_verification(path, overrides):
+    # Iteration 0 of the shipped config (its sigma, reward, greedy decoding), 4 members x 8 prompts: every
+    # member's completions and fitness are the same with verification on as off.
+    from pathlib import Path
+
+    from evolm import models
+    from evolm.es.engine import build_paramset, training_batch
+    from evolm.es.population import LocalPopulation
+    from evolm.es.update import member_layout
+    from evolm.seeding import seed31
+    from evolm.tasks import make_task
+
+    root = Path(__file__).resolve().parents[1]
+    cfg = config.load(config.ESJob, root / path, overrides + ["es.population=4", "es.prompts_per_iteration=8",
+                                                              "generation.batch_size=8"])
+    model, tokenizer = models.load(cfg.model.spec, threads=1)
+    task = make_task(cfg.task.name, cfg.task.reward, None, **cfg.task.params)
+    generator = HFGenerator(model, tokenizer, batch_size=cfg.generation.batch_size)
+    params = build_paramset(model, cfg)
+    layout = member_layout(cfg.es.estimator, cfg.es.population)
+    examples, prompts = training_batch(task, tokenizer, cfg.run.seed, 0, cfg.es.prompts_per_iteration)
+    sampling = SamplingParams(max_new_tokens=cfg.generation.max_new_tokens, seed=seed31(cfg.run.seed, "sampling", 0))
+    off, on = LocalPopulation(params, generator, task), LocalPopulation(params, generator, task, verify="on")
+    seen = {"off": [], "on": []}
+    plain, verified = generator.generate, on.verifier.generate
+    generator.generate = lambda *a, **k: seen["off"].append(plain(*a, **k)) or seen["off"][-1]
+    on.verifier.generate = lambda *a, **k: seen["on"].append(verified(*a, **k)) or seen["on"][-1]
+    scores_off = off.score(0, layout, cfg.es.sigma, examples, prompts, sampling)
+    scores_on = on.score(0, layout, cfg.es.sigma, examples, prompts, sampling)
+    assert len(seen["off"]) == len(seen["on"]) == len(layout)
+    for member, (a, (b, _)) in enumerate(zip(seen["off"], seen["on"])):
+        assert _same(a, b), member
+    assert scores_on.fitness == scores_off.fitness
+    assert 0 < scores_on.extra["verify_prefix"] <= 1
