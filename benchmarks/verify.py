@@ -2,6 +2,7 @@
 acceptance, with and without it, on the default model (HF backend, CPU by default).
 
     python benchmarks/verify.py                                   # the measurement (see docs/benchmarks.md)
+    python benchmarks/verify.py --countdown-data ~/data/countdown.json   # Qiu et al.'s Countdown prompts
     python benchmarks/verify.py --tasks arithmetic --max-new-tokens 8 --sigmas 1e-3 --population 2 --prompts 4 --json ''
 
 Per (task, max_new_tokens, sigma), in one process, with the same members (``es.population`` one-point
@@ -59,7 +60,8 @@ def _case(model, tokenizer, params, task_name: str, max_new_tokens: int, sigma: 
     from evolm.seeding import seed31
     from evolm.tasks import make_task
 
-    cfg = config.from_dict(config.ESJob, {}, [
+    data = [f"task.params={{path='{args.countdown_data}'}}", "task.reward='qiu_exact'"] if task_name == "countdown" and args.countdown_data else []
+    cfg = config.from_dict(config.ESJob, {}, data + [
         f"model.spec='{args.model}'", f"task.name='{task_name}'", f"es.population={args.population}",
         f"es.prompts_per_iteration={args.prompts}", f"generation.max_new_tokens={max_new_tokens}",
         f"generation.batch_size={args.batch_size}", f"es.sigma={sigma}", f"model.device='{args.device}'"])
@@ -134,6 +136,8 @@ def main(argv=None) -> None:
     p.add_argument("--prompts", type=int, default=16)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--countdown-data", default="", help="Qiu et al.'s countdown.json (their prompts, qiu_exact reward); "
+                                                         "default: evolm's generated countdown problems")
     p.add_argument("--json", default="docs/benchmarks/verify.json", help="write results here ('' for nowhere)")
     args = p.parse_args(argv)
     model, tokenizer = _setup(args)
