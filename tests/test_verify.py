@@ -120,13 +120,17 @@ def test_config_refuses_untested_combinations(override, message, monkeypatch):
         cfg.validate_job()
 
 
-def test_grpo_refuses_verify():
+@pytest.mark.parametrize("job", ["grpo", "pipeline"])
+def test_grpo_and_pipelines_refuse_verify(job):
     from evolm.grpo import GRPOJob
+    from evolm.pipeline import PipelineJob
 
-    job = GRPOJob()
-    job.generation.verify = "on"
+    cfg = GRPOJob() if job == "grpo" else PipelineJob()
+    cfg.generation.verify = "on"
     with pytest.raises(ConfigError, match="generation.verify"):
-        job.validate_job()
+        cfg.validate_job()
+    cfg.generation.verify = "off"
+    cfg.validate_job()
 
 
 # -- the ES loop ------------------------------------------------------------------------------------
