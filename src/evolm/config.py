@@ -191,6 +191,8 @@ class GenerationConfig:
     """Nucleus sampling mass while training (ignored when greedy)."""
     prefix_cache: bool = True
     """Run a prefix shared by a batch's prompts (system message, worked demonstrations) once and reuse its KV cache."""
+    verify: Literal["off", "on", "auto"] = "off"
+    """ES members on the hf backend, greedy: on decodes the centre's completions once per update and verifies every member against them (one teacher-forced forward; decoding resumes only from a member's first differing token), logging verify_identical / verify_prefix; auto does so and turns itself off for the rest of the run once an update's mean shared-prefix fraction is below 0.5. Same completions up to near-tie argmax rounding (docs/es.md)."""
     eval_backend: Literal["hf", "same"] = "hf"
     """Backend of held-out evaluation and probes: hf (the reference: full-vocabulary token entropy) or same (the training backend; with vllm faster, but token entropy is not measured)."""
     vllm_kv_cache_gb: float | Literal["auto"] = "auto"
@@ -427,6 +429,17 @@ class ESJob:
                     "driver's copy on GPU 0 beside actor 0 (never run on GPUs); on GPUs use vLLM actors "
                     "(generation.backend='vllm', model.device='cpu', distributed.gpus=1) or one process "
                     "(distributed.workers=0)")
+        if g.verify != "off":
+            v = f"generation.verify='{g.verify}'"
+            require(g.backend == "hf", f"{v} verifies members with the hf backend; set generation.verify='off' "
+                                       f"for generation.backend='{g.backend}'")
+            require(g.temperature == 0, f"{v} needs greedy decoding (the hf sampler's random stream is not keyed by "
+                                        f"position, so no acceptance rule is exact); set generation.temperature=0 "
+                                        f"(got {g.temperature}) or generation.verify='off'")
+            require(self.es.perturbation == "full", f"{v} verifies full-rank members; set generation.verify='off' "
+                                                    "for es.perturbation='lowrank' (its members are batched already)")
+            require(d.workers < 2, f"{v} is not tested in Ray actors; set generation.verify='off' or "
+                                   f"distributed.workers=0 (got {d.workers})")
         if self.es.perturbation == "lowrank":
             require(self.generation.backend == "hf",
                     f"es.perturbation='lowrank' scores members in batched forward passes of the hf backend; "
@@ -673,6 +686,8 @@ def _auto_workers(cfg, cores: int, why: str, ray: bool) -> tuple[int, str]:
         return 0, f"auto: the {gen.backend} engine threads in one process"
     if es.perturbation != "full":
         return 0, f"auto: es.perturbation = {es.perturbation} scores in one process"
+    if getattr(gen, "verify", "off") != "off":
+        return 0, f"auto: generation.verify = {gen.verify} verifies members in one process"
     if cores < 2:
         return 0, f"auto: {why}"
     if not ray:

@@ -173,6 +173,8 @@ class GRPOJob:
         require(self.generation.backend == "hf",
                 f"generation.backend must be hf for evolm grpo (got {self.generation.backend}): TRL generates the "
                 "rollouts; set grpo.use_vllm = true to have TRL generate them with vLLM")
+        require(self.generation.verify == "off",
+                f"generation.verify='{self.generation.verify}' verifies ES members; set generation.verify='off' for evolm grpo")
         device = self.model.device
         require(device in ("cpu", "cuda", "cuda:0", "mps"),
                 f"model.device '{device}' is not supported by evolm grpo: use cpu, cuda or mps "

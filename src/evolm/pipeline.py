@@ -130,6 +130,9 @@ class PipelineJob:
         require(self.generation.backend == "hf",
                 f"generation.backend must be hf in a pipeline (got {self.generation.backend}): the vLLM backend "
                 "runs single ES jobs (evolm es); for vLLM rollouts in GRPO stages set grpo.use_vllm = true")
+        require(self.generation.verify == "off",
+                f"generation.verify='{self.generation.verify}' is not tested in pipelines; set generation.verify='off' "
+                "(it verifies members of single ES jobs, evolm es)")
         require(self.model.dtype == "float32",
                 f"model.dtype must be float32 in a pipeline (got {self.model.dtype}): stages hand the weights over in "
                  "memory, and ES keeps float32 masters apart from a lower-precision model")

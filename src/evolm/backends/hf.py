@@ -113,6 +113,14 @@ class HFGenerator(Generator):
     def _generate_encoded(self, enc: dict, params: SamplingParams, seed: int, sampler: LogitsProcessor | None = None) -> list[Completion]:
         """Generate from encoded rows. ``sampler``, when given, picks every sampled token itself (after
         temperature and top-p; it must leave one finite score per row) and decoding runs as greedy."""
+        new, entropies = self._generate_ids(enc, params, seed, sampler)
+        return [self._completion(new[row].tolist(), None if entropies is None else entropies[row]) for row in range(new.shape[0])]
+
+    @torch.no_grad()
+    def _generate_ids(self, enc: dict, params: SamplingParams, seed: int, sampler: LogitsProcessor | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The new token ids ``[rows, steps]`` (padding after a row's end-of-sequence token) and, when
+        ``params.return_entropy``, the per-step entropies ``[rows, steps]``."""
         processors = LogitsProcessorList()
         recorder = None
         if params.return_entropy:
@@ -138,15 +146,15 @@ class HFGenerator(Generator):
             out = self.model.generate(**enc, generation_config=config, logits_processor=processors)
         new = out[:, enc["input_ids"].shape[1]:].cpu()
         entropies = torch.stack(recorder.steps, dim=1) if recorder and recorder.steps else None
-        completions = []
-        for row in range(new.shape[0]):
-            ids = new[row].tolist()
-            length, finished = len(ids), False
-            for i, tok in enumerate(ids):
-                if tok in self.eos_ids:
-                    length, finished = i + 1, True
-                    break
-            entropy = float(entropies[row, :length].mean()) if entropies is not None and length else None
-            text = self.tokenizer.decode(ids[:length], skip_special_tokens=True)
-            completions.append(Completion(text=text, num_tokens=length, entropy=entropy, finished=finished))
-        return completions
+        return new, entropies
+
+    def _completion(self, ids: list[int], entropies: torch.Tensor | None = None) -> Completion:
+        """A row's new token ids cut after its first end-of-sequence token, decoded."""
+        length, finished = len(ids), False
+        for i, tok in enumerate(ids):
+            if tok in self.eos_ids:
+                length, finished = i + 1, True
+                break
+        entropy = float(entropies[:length].mean()) if entropies is not None and length else None
+        text = self.tokenizer.decode(ids[:length], skip_special_tokens=True)
+        return Completion(text=text, num_tokens=length, entropy=entropy, finished=finished)

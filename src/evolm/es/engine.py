@@ -111,7 +111,7 @@ def make_population(cfg, params: ParamSet, generator: Generator, task: Task):
     and the model's source)."""
     if cfg.es.perturbation == "lowrank":
         return LowRankPopulation(params, generator, task, cfg.es.member_batch)
-    return LocalPopulation(params, generator, task)
+    return LocalPopulation(params, generator, task, verify=cfg.generation.verify)
 
 
 def run_header(params: ParamSet, cfg, layout: list[tuple[int, int]]) -> dict:
@@ -228,6 +228,8 @@ def train(cfg, comps, run: RunDir, start, params: ParamSet, *, probe: Callable |
     generator.sync_weights()
     path = params.perturb_path  # builds the fused kernel now (announced), so no timed record or ETA includes it
     population = (population_factory or make_population)(cfg, params, generator, task)
+    if start.step and hasattr(population, "resume_from"):  # e.g. generation.verify="auto" that turned itself off
+        population.resume_from(run.metrics())
     layout = member_layout(es.estimator, es.population)
     if start.step == 0 and not run.seed_log():
         run.log_seed(run_header(params, cfg, layout))

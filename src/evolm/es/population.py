@@ -21,6 +21,20 @@ Design decisions:
   the weights and never takes the run down.
 - ``generator.sync_weights()`` follows every change of the weights, for backends that keep their own
   copy (the HF backend shares the tensors and does nothing).
+- ``verify`` (``generation.verify``, HF backend, greedy): the centre's completions are decoded once per
+  iteration with the centre weights, BEFORE the first member is perturbed, and every member is then
+  verified against them (``backends/hf_verify.py``: one teacher-forced forward, decoding only from the
+  first token where the member's argmax differs). The members' completions are their greedy ones (up
+  to the floating-point caveat in that module's docstring), so fitness, the update and the seed log
+  keep their meaning; ``gen_sequences`` / ``gen_tokens`` count the members' completions as without
+  verification (the centre's decode is not counted: budgets stay comparable with plain runs). The
+  acceptance profile is logged per update only while verification is on (computing it needs the
+  centre's completions, an extra decode): ``verify_identical`` (fraction of the members' completions
+  token for token the centre's), ``verify_prefix`` (mean over them of the shared-prefix fraction:
+  leading tokens equal to the centre's / the centre's tokens), ``verify_decode_steps`` (sequential
+  forward passes, the centre's included). ``"auto"`` turns verification off for the rest of the run
+  once an update's ``verify_prefix`` is below ``AUTO_MIN_PREFIX`` (logged as ``verify_auto_off``; a
+  resumed run reads it back from metrics.jsonl, so resuming does not switch it on again).
 """
 
 from __future__ import annotations
@@ -36,6 +50,11 @@ from evolm.es.params import ParamSet
 from evolm.es.update import Update
 from evolm.tasks.base import Example, Task
 
+
+AUTO_MIN_PREFIX = 0.5
+"""``generation.verify = "auto"``: below this mean shared-prefix fraction the continuation decodes more
+than half of every completion anyway, on top of the teacher-forced forward and the centre's decode,
+so verification cannot pay; auto turns it off."""
 
 NON_FINITE_WEIGHTS = "the update would have made weights non-finite (inf or NaN); update skipped, weights unchanged"
 
@@ -76,20 +95,50 @@ def score_completions(task: Task, examples: list[Example], completions, prompts:
 class LocalPopulation:
     """Scores ES members one after another on this process's model."""
 
-    def __init__(self, params: ParamSet, generator: Generator, task: Task):
+    def __init__(self, params: ParamSet, generator: Generator, task: Task, verify: str = "off"):
         self.params = params
         self.generator = generator
         self.task = task
+        self.verify = verify
+        """off | on | auto (``generation.verify``); auto becomes off once acceptance is too low."""
+        self.verifier = None
+        if verify != "off":
+            from evolm.backends.hf import HFGenerator
+            from evolm.backends.hf_verify import HFVerifier
+            from evolm.errors import ConfigError
+
+            if not isinstance(generator, HFGenerator):
+                raise ConfigError(f"generation.verify='{verify}' verifies members with the hf backend; "
+                                  f"generation.backend gives a {type(generator).__name__} (set generation.verify='off')")
+            self.verifier = HFVerifier(generator)
+
+    def resume_from(self, metrics: list[dict]) -> None:
+        """Continue a run: an ``auto`` verification that turned itself off stays off."""
+        if self.verify == "auto" and any(r.get("verify_auto_off") for r in metrics):
+            self.verify = "off"
 
     def score(self, iteration: int, layout: list[tuple[int, int]], sigma: float, examples: list[Example],
               prompts: list[str], sampling: SamplingParams, on_member: Callable[[], None] | None = None) -> MemberScores:
         out = MemberScores(fitness=[])
+        centre = stats = None
+        if self.verify != "off":  # the centre's completions, with the centre weights, before any member is perturbed
+            from evolm.backends.hf_verify import VerifyStats
+
+            t0 = time.perf_counter()
+            centre = self.verifier.centre(prompts, sampling)
+            out.seconds["generate"] += time.perf_counter() - t0
+            stats = VerifyStats(decode_steps=centre.decode_steps)
+            out.extra["seconds_verify_centre"] = time.perf_counter() - t0
         for m, (direction, sign) in enumerate(layout):
             t0 = time.perf_counter()
             self.params.perturb(iteration, direction, sign, sigma)
             self.generator.sync_weights()
             t1 = time.perf_counter()
-            completions = self.generator.generate(prompts, sampling)
+            if centre is not None:
+                completions, member_stats = self.verifier.generate(centre, sampling)
+                stats.add(member_stats)
+            else:
+                completions = self.generator.generate(prompts, sampling)
             t2 = time.perf_counter()
             self.params.restore()
             self.generator.sync_weights()
@@ -100,6 +149,12 @@ class LocalPopulation:
             out.seconds["restore"] += t3 - t2
             if on_member:
                 on_member()
+        if stats is not None:
+            out.extra.update(verify_identical=stats.identical_fraction, verify_prefix=stats.prefix_fraction,
+                             verify_decode_steps=stats.decode_steps)
+            if self.verify == "auto" and stats.prefix_fraction < AUTO_MIN_PREFIX:
+                self.verify = "off"
+                out.extra["verify_auto_off"] = True
         return out
 
     def apply_update(self, iteration: int, update: Update) -> Update:
