@@ -481,6 +481,7 @@ def _es_setup(args, split: str):
         key, value = assignment.split("=", 1)
         task.setdefault("params", {})[key.strip()] = config.parse_value(value.strip())
     es = data.setdefault("es", {})
+    es.pop("arithmetic", None)  # measurements perturb and restore the weights exactly, whatever the run's arithmetic
     for flag, key in (("population", "population"), ("sigma", "sigma"), ("lr", "lr"), ("shaping", "shaping"),
                       ("noise", "noise")):
         if getattr(args, flag, None) is not None:
