@@ -203,6 +203,30 @@ def plot_localisation(result: dict, path) -> Path:
     return _save(fig, path)
 
 
+def plot_magnitude(result: dict, path) -> Path:
+    """Per category, the top-k enrichment of each model three ways (log axis, 1 = the null): absolute |Δ|
+    against exchangeable coordinates, relative |Δ| / |θ0| against the same null, and absolute |Δ| against
+    the dtype-matched null (step counts shuffled; its 95% range drawn as a grey bar around the point's
+    null mean)."""
+    fig = _figure(14.0, 4.0)
+    views = (("absolute", "|Δ| vs exchangeable null"), ("relative", "|Δ|/|θ0| vs exchangeable null"),
+             ("dtype_null", "|Δ| vs dtype-matched null"))
+    for i, (view, title) in enumerate(views):
+        points = {}
+        for label, m in result["models"].items():
+            if view == "dtype_null":
+                per = m["dtype_null"]["by_category"]
+                points[f"{label} ({m['dtype']})"] = {
+                    c: (v["enrichment"], [v["null_interval"][0] / v["null_mean"], v["null_interval"][1] / v["null_mean"]]
+                        if v["null_mean"] else None) for c, v in per.items()}
+            else:
+                per = m[view]["enrichment"]
+                points[label] = {c: (v["enrichment"], v.get("enrichment_interval")) for c, v in per.items()}
+        _enrichment_axes(fig.add_subplot(1, 3, i + 1), points, "observed / expected (log)",
+                         f"top-{result.get('k')}: {title}", null_bars=view == "dtype_null")
+    return _save(fig, path)
+
+
 def plot_compression(result: dict, path) -> Path:
     """The chosen metric per compression method, one bar per model."""
     metric = result.get("metric", "greedy_pass@1")
