@@ -275,8 +275,10 @@ def _cmd_magnitude(args) -> int:
             rel = m["relative"]["enrichment"].get(c) or {}
             null = m["dtype_null"]["by_category"].get(c) or {}
             if e["observed"] or e["expected"] >= 1:
-                parts.append(f"{c} {e['observed']} (abs {fmt(e['enrichment'])}x, rel {fmt(rel.get('enrichment'))}x, "
-                             f"vs {dtype} null {fmt(null.get('enrichment'))}x p {format_p(null.get('p_enriched'))})")
+                ratio = lambda v: "n/a" if v is None else f"{fmt(v)}x"  # noqa: E731 (None: the null expects none there)
+                parts.append(f"{c} {e['observed']} (abs {ratio(e['enrichment'])}, rel {ratio(rel.get('enrichment'))}, "
+                             f"vs {dtype} null {ratio(null.get('enrichment'))} of {fmt(null.get('null_mean'))}, "
+                             f"p {format_p(null.get('p_enriched'))})")
         print(f"{label} top-{args.k}: " + ", ".join(parts))
     _report(*_write(args.out, "magnitude", result))
     return 0
