@@ -150,6 +150,7 @@ def test_reference_refuses_a_scale_that_is_not_lr_over_n(tiny_model):
     (["es.perturbation='lowrank'"], "es.perturbation='full'"),
     (["generation.backend='vllm'"], "generation.backend='hf'"),
     (["distributed.workers=2"], "distributed.workers=0"),
+    (["model.device='cuda'"], "model.device='cpu'"),
 ])
 def test_unsupported_combinations_are_refused_in_one_line(overrides, fix):
     with pytest.raises(ConfigError, match=fix.replace("(", r"\(")) as e:

@@ -430,6 +430,7 @@ class ESJob:
         if self.es.arithmetic == "reference":  # in-place rounding happens where the members are perturbed: this process's hf model
             require(g.backend == "hf", f"es.arithmetic='reference' perturbs the hf model in place in this process; set generation.backend='hf' (got '{g.backend}') or es.arithmetic='exact'")
             require(d.workers < 2, f"es.arithmetic='reference' perturbs one model in this process (its rounding history is the run); set distributed.workers=0 (got {d.workers}) or es.arithmetic='exact'")
+            require(self.model.device == "cpu", f"es.arithmetic='reference' is tested bit for bit on the CPU only; set model.device='cpu' (got '{self.model.device}') or es.arithmetic='exact'")
         if self.es.perturbation == "lowrank":
             require(self.generation.backend == "hf",
                     f"es.perturbation='lowrank' scores members in batched forward passes of the hf backend; "
