@@ -132,3 +132,16 @@ def test_analyze_magnitude_cli_writes_json_and_png(tmp_path, tokenizer):
     m = result["models"]["bf16"]
     assert m["dtype"] == "bfloat16" and m["absolute"]["by_category"]["norm"] >= 90
     assert m["dtype_null"]["permutations"] == 5 and (tmp_path / "out" / "magnitude.png").exists()
+
+
+def test_the_step_dtype_is_the_one_the_run_updated_in(tmp_path):
+    from evolm.commands.analyze import _run_dtype
+
+    cases = {"ref": '[model]\ndtype = "bfloat16"\n[es]\narithmetic = "reference"\n',
+             "exact": '[model]\ndtype = "bfloat16"\n[es]\narithmetic = "exact"\n',
+             "grpo": '[model]\ndtype = "bfloat16"\n[grpo]\nsteps = 1\n'}
+    for name, text in cases.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.toml").write_text(text)
+    assert [_run_dtype(str(tmp_path / n)) for n in cases] == ["bfloat16", "float32", "bfloat16"]
+    assert _run_dtype("smollm2-135m") == "float32"

@@ -26,8 +26,9 @@ views that can:
 
 ``magnitude_analysis`` runs all of it plus the per-category step-count summary (``step_counts``: how
 many coordinates moved, the median and mean |steps|, the share that moved exactly one ulp). The dtype
-is the one the run's arithmetic rounded in (``model.dtype`` of an ``es.arithmetic = "reference"`` run;
-float32 for exact ES, whose masters are float32, and for GRPO's float32 optimiser states).
+is the one the run's arithmetic rounded in (``model.dtype`` of an ``es.arithmetic = "reference"`` run
+and of a GRPO run, whose optimiser updates the model's own weights; float32 for exact ES, whose
+masters are float32).
 
 Design decisions:
 

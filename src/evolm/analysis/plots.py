@@ -111,6 +111,7 @@ def _enrichment_axes(ax, points: dict[str, dict[str, tuple]], ylabel: str, title
     width = 0.8 / max(len(points), 1)
     for i, (label, per_cat) in enumerate(points.items()):
         xs = x + (i - (len(points) - 1) / 2) * width
+        labelled = False  # the series' label goes on its first drawn point
         for xi, c in zip(xs, cats):
             if c not in per_cat:
                 continue
@@ -126,13 +127,15 @@ def _enrichment_axes(ax, points: dict[str, dict[str, tuple]], ylabel: str, title
                 else:
                     ax.plot([xi, xi], [lo, hi], color=color, lw=1.5, zorder=2)
             ax.plot([xi], [y], "o", color=color, mfc=color if e > 0 else "white", ms=6, zorder=3,
-                    label=label if c == next(cc for cc in cats if cc in per_cat) else None)
+                    label=None if labelled else label)
+            labelled = True
     ax.axhline(1.0, color="black", lw=0.8, ls="--")
     ax.set_yscale("log")
     ax.set_xticks(x, cats, rotation=20)
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=7)
+    if ax.get_legend_handles_labels()[0]:  # nothing drawn (every enrichment undefined): no empty legend
+        ax.legend(fontsize=7)
 
 
 def plot_sparsity(result: dict, path) -> Path:
