@@ -37,8 +37,10 @@ Design decisions:
   it is defined for every finite θ0, zero included.
 - The shuffle is over every coordinate in scope (unchanged ones carry 0 steps), with a seeded torch
   generator: results are reproducible and the null's population is the one the exchangeable null uses.
-- Memory: the flattened Δ, steps and spacing of the coordinates in scope (3 float32 values each,
-  1.6 GB for SmolLM2-135M) plus one permutation at a time.
+- Memory: the coordinates in scope are flattened once per trained model (θ0, θ, category ids), then
+  spacing, steps, one permutation (int64) and its shuffled |Δ*|: about 30 bytes per coordinate at the
+  peak besides the loaded weights (~4 GB for SmolLM2-135M; the smoke of two Gemma-3-270M runs peaked
+  at 8.4 GB resident with everything loaded).
 - Planted checks (``tests/test_magnitude.py``): a pure ±1-ulp walk in bfloat16 puts the top k in the
   norm weights in absolute |Δ| and nowhere special relatively or against the dtype-matched null; the
   same-length float32 Gaussian walk has no absolute enrichment; a bf16 walk whose norm coordinates take
@@ -96,6 +98,13 @@ def _names(base: dict, trained: dict, scope) -> list[str]:
     return sorted(base) if scope is None else sorted(set(scope) & set(base))
 
 
+def _coordinates(base: dict, trained: dict, scope) -> tuple:
+    """``(θ0, θ, category ids)`` of every coordinate in scope, flattened once (float32, float32, int8)."""
+    names = _names(base, trained, scope)
+    b, t = _flat(base, trained, names)
+    return b, t, _category_index(base, names)
+
+
 def _top_k_counts(score, cat_ids, k: int) -> dict[str, int]:
     import torch
 
@@ -107,17 +116,15 @@ def _top_k_counts(score, cat_ids, k: int) -> dict[str, int]:
     return {c: int(counts[i]) for i, c in enumerate(CATEGORIES)}
 
 
-def relative_localisation(base: dict, trained: dict, k: int = 100, scope=None) -> dict:
+def relative_localisation(base: dict, trained: dict, k: int = 100, scope=None, coords=None) -> dict:
     """The top ``k`` coordinates of ``|Δ| / |θ0|`` by category, against the exchangeable null.
 
     Returns ``k``, ``num_selected``, ``num_zero_base`` (in-scope coordinates with θ0 = 0, left out),
     ``by_category`` (counts) and ``enrichment`` (``top_k_enrichment`` over the coordinates with θ0 ≠ 0)."""
     import torch
 
-    names = _names(base, trained, scope)
-    cat_ids = _category_index(base, names)
-    b = torch.cat([base[n].to(torch.float32).flatten() for n in names])
-    d = torch.cat([(trained[n].to(torch.float32) - base[n].to(torch.float32)).flatten() for n in names])
+    b, t, cat_ids = coords or _coordinates(base, trained, scope)
+    d = t - b
     nonzero_base = b != 0
     rel = torch.where(nonzero_base, d.abs() / b.abs().clamp_min(torch.finfo(torch.float32).tiny), torch.zeros_like(d))
     counts = _top_k_counts(rel, cat_ids, k)
@@ -128,14 +135,12 @@ def relative_localisation(base: dict, trained: dict, k: int = 100, scope=None) -
             "enrichment": top_k_enrichment(counts, selected, param_counts) if selected else {}}
 
 
-def step_counts(base: dict, trained: dict, dtype: str, scope=None) -> dict:
+def step_counts(base: dict, trained: dict, dtype: str, scope=None, coords=None) -> dict:
     """Per category: coordinates, how many moved, and their |steps| = |Δ| / ulp(θ0) in ``dtype``
     (``median_steps``, ``mean_steps``, ``one_step_share``: the share of moved coordinates within 1.5 ulp)."""
     import torch
 
-    names = _names(base, trained, scope)
-    cat_ids = _category_index(base, names)
-    b, t = _flat(base, trained, names)
+    b, t, cat_ids = coords or _coordinates(base, trained, scope)
     steps = ((t - b) / ulp(b, dtype)).abs()
     out = {}
     for i, c in enumerate(CATEGORIES):
@@ -151,7 +156,7 @@ def step_counts(base: dict, trained: dict, dtype: str, scope=None) -> dict:
 
 
 def dtype_null_localisation(base: dict, trained: dict, dtype: str, k: int = 100, scope=None,
-                            permutations: int = 20, seed: int = 0) -> dict:
+                            permutations: int = 20, seed: int = 0, coords=None) -> dict:
     """Top-k |Δ| counts per category against the dtype-matched null (step counts shuffled; module docstring).
 
     Returns ``k``, ``dtype``, ``permutations``, ``observed`` (counts) and ``by_category``: per category
@@ -161,12 +166,9 @@ def dtype_null_localisation(base: dict, trained: dict, dtype: str, k: int = 100,
 
     if permutations < 1:
         raise ValueError(f"permutations must be >= 1 (got {permutations})")
-    names = _names(base, trained, scope)
-    cat_ids = _category_index(base, names)
-    b, t = _flat(base, trained, names)
+    b, t, cat_ids = coords or _coordinates(base, trained, scope)
     spacing = ulp(b, dtype)
     steps = (t - b) / spacing
-    del t
     observed = _top_k_counts((steps * spacing).abs(), cat_ids, k)
     gen = torch.Generator().manual_seed(int(seed))
     null = {c: [] for c in CATEGORIES}
@@ -191,15 +193,13 @@ def dtype_null_localisation(base: dict, trained: dict, dtype: str, k: int = 100,
     return {"k": k, "dtype": dtype, "permutations": permutations, "observed": observed, "by_category": by_category}
 
 
-def relative_sparsity(base: dict, trained: dict, taus, scope=None) -> dict:
+def relative_sparsity(base: dict, trained: dict, taus, scope=None, coords=None) -> dict:
     """For each relative threshold τ: the fraction of changed coordinates (θ0 ≠ 0) with ``|Δ| / |θ0| < τ``,
     overall and per category (``update_sparsity``'s question in relative terms)."""
     import torch
 
     taus = [float(x) for x in taus]
-    names = _names(base, trained, scope)
-    cat_ids = _category_index(base, names)
-    b, t = _flat(base, trained, names)
+    b, t, cat_ids = coords or _coordinates(base, trained, scope)
     keep = (t != b) & (b != 0)
     rel = ((t - b).abs() / b.abs().clamp_min(torch.finfo(torch.float32).tiny))[keep]
     ids = cat_ids[keep]
@@ -224,10 +224,11 @@ def magnitude_analysis(base: dict, trained: dict, dtype: str, k: int = 100, scop
     from evolm.analysis.localisation import top_k_localisation
 
     absolute = top_k_localisation(base, trained, k, scope)
+    coords = _coordinates(base, trained, scope)  # flattened once for the four views below
     return {"dtype": dtype, "k": k,
             "absolute": {"by_category": absolute["by_category"], "enrichment": absolute["enrichment"]["by_category"]},
-            "relative": relative_localisation(base, trained, k, scope),
-            "dtype_null": dtype_null_localisation(base, trained, dtype, k, scope, permutations, seed),
-            "steps": step_counts(base, trained, dtype, scope),
-            "relative_sparsity": relative_sparsity(base, trained, taus, scope)}
+            "relative": relative_localisation(base, trained, k, scope, coords=coords),
+            "dtype_null": dtype_null_localisation(base, trained, dtype, k, scope, permutations, seed, coords=coords),
+            "steps": step_counts(base, trained, dtype, scope, coords=coords),
+            "relative_sparsity": relative_sparsity(base, trained, taus, scope, coords=coords)}
 
