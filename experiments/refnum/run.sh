@@ -13,6 +13,10 @@
 #   bash experiments/refnum/run.sh analyses    # the analyses of whatever has finished
 #   ITERATIONS=1 POPULATION=4 PERMUTATIONS=2 OUT=runs/refnum-smoke bash experiments/refnum/run.sh smollm2   # a smoke of the plumbing
 #
+# Cost, one thread, estimated from 1-2 update smokes (N = 4) on the shared 2-core machine: ~25 CPU-hours
+# in all (20-35): per SmolLM2 member 2.1-2.7 s of float32 and 1.7-3 s of bf16 generation, so the three
+# SmolLM2 ES runs 4-7 h each; GRPO 33 s/step, ~2.2 h; Gemma (a) 1.5-3.3 h, (b) ~1.2 h; held-out
+# evaluations ~2.5 h; analyses under 1 h (analyze magnitude ~3 min per SmolLM2 model, ~6 per Gemma one).
 # Every run resumes from its checkpoint when killed (evolm es/grpo --resume); finished runs and written
 # analyses are skipped, so the script can be run again after a kill. Runs write runs/refnum/<name>/.
 set -euo pipefail
