@@ -1,4 +1,4 @@
-"""Every config file evolm ships (configs/, experiments/study/, the packaged demo) loads, validates and
+"""Every config file evolm ships (configs/, experiments/study/, experiments/refnum/, the packaged demo) loads, validates and
 uses current names only: a user copying one never starts from a refused or deprecated setting."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from evolm.pipeline import PipelineJob
 from evolm.rewards import DEPRECATED
 
 ROOT = Path(__file__).resolve().parents[1]
-FILES = sorted([*ROOT.glob("configs/*.toml"), *ROOT.glob("experiments/study/*.toml"), *ROOT.glob("src/evolm/configs/*.toml")])
+FILES = sorted([*ROOT.glob("configs/*.toml"), *ROOT.glob("experiments/study/*.toml"), *ROOT.glob("experiments/refnum/*.toml"), *ROOT.glob("src/evolm/configs/*.toml")])
 
 
 def _job_class(path: Path, data: dict):

@@ -117,6 +117,7 @@ def test_config_refuses_untested_combinations(override, message, monkeypatch):
         section, name = key.split(".")
         setattr(getattr(cfg, section), name, value)
     with pytest.raises(ConfigError, match=message):
+        config.resolve_auto(cfg)
         cfg.validate_job()
 
 
@@ -128,6 +129,7 @@ def test_grpo_and_pipelines_refuse_verify(job):
     cfg = GRPOJob() if job == "grpo" else PipelineJob()
     cfg.generation.verify = "on"
     with pytest.raises(ConfigError, match="generation.verify"):
+        config.resolve_auto(cfg)
         cfg.validate_job()
     cfg.generation.verify = "off"
     cfg.validate_job()

@@ -250,6 +250,10 @@ class ESSection:
     """Rank r of each member's matrix perturbation when perturbation = "lowrank" (an update has rank <= N x r)."""
     member_batch: int = 0
     """With perturbation = "lowrank": members per batched generate call (0: all N at once). Rows per call = members x prompts; lower it to bound memory (the KV cache grows with the rows)."""
+    arithmetic: Literal["exact", "reference"] = "exact"
+    """exact: float32 masters (or float32 weights perturbed in place with recorded corrections), restore bit for bit, updates accumulated in float32. reference: Qiu et al.'s arithmetic, in the model's own dtype (model.dtype) and in place: perturb adds sigma * eps, restore subtracts the regenerated sigma * eps (not exact in bf16/fp16), the update is accumulated, divided by N and scaled by lr in that dtype (one_point, hf backend, one process; see docs/es.md and evolm/es/reference.py)."""
+    reference_error_sample: int = 65536
+    """With arithmetic = "reference": coordinates (drawn once, uniformly) on which an exact float32 shadow of the same updates is kept, so every update logs the distance of the weights from it (metrics ref_*); 0: off; at least the number of selected parameters: all of them (4 bytes each)."""
 
     def validate(self, p: str) -> None:
         require(self.iterations >= 1, f"{p}.iterations must be >= 1 (got {self.iterations})")
@@ -264,6 +268,11 @@ class ESSection:
         require(self.eval_center_every >= 0, f"{p}.eval_center_every must be >= 0 (got {self.eval_center_every})")
         require(self.rank >= 1, f"{p}.rank must be >= 1 (got {self.rank})")
         require(self.member_batch >= 0, f"{p}.member_batch must be >= 0 (got {self.member_batch}; 0 scores all members in one call)")
+        require(self.reference_error_sample >= 0, f"{p}.reference_error_sample must be >= 0 (got {self.reference_error_sample}; 0 turns the measurement off)")
+        if self.arithmetic == "reference":  # Qiu et al.'s loop is one-point, alpha / N, full-rank: nothing else is tested
+            require(self.estimator == "one_point", f"{p}.arithmetic='reference' transcribes Qiu et al.'s one-point loop; set {p}.estimator='one_point' or {p}.arithmetic='exact'")
+            require(not self.divide_by_sigma, f"{p}.arithmetic='reference' updates by lr / N as Qiu et al. do; set {p}.divide_by_sigma=false (fold 1/sigma into {p}.lr) or {p}.arithmetic='exact'")
+            require(self.perturbation == "full", f"{p}.arithmetic='reference' perturbs full-rank noise in place; set {p}.perturbation='full' or {p}.arithmetic='exact'")
         bad = [c for c in self.params if c not in CATEGORIES + ("all",)]
         require(not bad and bool(self.params), f"{p}.params must be a non-empty list of {('all',) + CATEGORIES} (got {self.params})")
         if self.param_regex:
@@ -440,6 +449,10 @@ class ESJob:
                                                     "for es.perturbation='lowrank' (its members are batched already)")
             require(d.workers < 2, f"{v} is not tested in Ray actors; set generation.verify='off' or "
                                    f"distributed.workers=0 (got {d.workers})")
+        if self.es.arithmetic == "reference":  # in-place rounding happens where the members are perturbed: this process's hf model
+            require(g.backend == "hf", f"es.arithmetic='reference' perturbs the hf model in place in this process; set generation.backend='hf' (got '{g.backend}') or es.arithmetic='exact'")
+            require(d.workers < 2, f"es.arithmetic='reference' perturbs one model in this process (its rounding history is the run); set distributed.workers=0 (got {d.workers}) or es.arithmetic='exact'")
+            require(self.model.device == "cpu", f"es.arithmetic='reference' is tested bit for bit on the CPU only; set model.device='cpu' (got '{self.model.device}') or es.arithmetic='exact'")
         if self.es.perturbation == "lowrank":
             require(self.generation.backend == "hf",
                     f"es.perturbation='lowrank' scores members in batched forward passes of the hf backend; "
@@ -686,6 +699,8 @@ def _auto_workers(cfg, cores: int, why: str, ray: bool) -> tuple[int, str]:
         return 0, f"auto: the {gen.backend} engine threads in one process"
     if es.perturbation != "full":
         return 0, f"auto: es.perturbation = {es.perturbation} scores in one process"
+    if getattr(es, "arithmetic", "exact") != "exact":
+        return 0, f"auto: es.arithmetic = {es.arithmetic} perturbs one model in this process"
     if getattr(gen, "verify", "off") != "off":
         return 0, f"auto: generation.verify = {gen.verify} verifies members in one process"
     if cores < 2:

@@ -111,6 +111,7 @@ def _enrichment_axes(ax, points: dict[str, dict[str, tuple]], ylabel: str, title
     width = 0.8 / max(len(points), 1)
     for i, (label, per_cat) in enumerate(points.items()):
         xs = x + (i - (len(points) - 1) / 2) * width
+        labelled = False  # the series' label goes on its first drawn point
         for xi, c in zip(xs, cats):
             if c not in per_cat:
                 continue
@@ -126,13 +127,15 @@ def _enrichment_axes(ax, points: dict[str, dict[str, tuple]], ylabel: str, title
                 else:
                     ax.plot([xi, xi], [lo, hi], color=color, lw=1.5, zorder=2)
             ax.plot([xi], [y], "o", color=color, mfc=color if e > 0 else "white", ms=6, zorder=3,
-                    label=label if c == next(cc for cc in cats if cc in per_cat) else None)
+                    label=None if labelled else label)
+            labelled = True
     ax.axhline(1.0, color="black", lw=0.8, ls="--")
     ax.set_yscale("log")
     ax.set_xticks(x, cats, rotation=20)
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=7)
+    if ax.get_legend_handles_labels()[0]:  # nothing drawn (every enrichment undefined): no empty legend
+        ax.legend(fontsize=7)
 
 
 def plot_sparsity(result: dict, path) -> Path:
@@ -200,6 +203,30 @@ def plot_localisation(result: dict, path) -> Path:
     if points:
         _enrichment_axes(fig.add_subplot(1, 2, 2), points, "observed / expected (log)",
                          "Enrichment with exact 95% interval (open: none observed)")
+    return _save(fig, path)
+
+
+def plot_magnitude(result: dict, path) -> Path:
+    """Per category, the top-k enrichment of each model three ways (log axis, 1 = the null): absolute |Δ|
+    against exchangeable coordinates, relative |Δ| / |θ0| against the same null, and absolute |Δ| against
+    the dtype-matched null (step counts shuffled; its 95% range drawn as a grey bar around the point's
+    null mean)."""
+    fig = _figure(14.0, 4.0)
+    views = (("absolute", "|Δ| vs exchangeable null"), ("relative", "|Δ|/|θ0| vs exchangeable null"),
+             ("dtype_null", "|Δ| vs dtype-matched null"))
+    for i, (view, title) in enumerate(views):
+        points = {}
+        for label, m in result["models"].items():
+            if view == "dtype_null":
+                per = m["dtype_null"]["by_category"]
+                points[f"{label} ({m['dtype']})"] = {
+                    c: (v["enrichment"], [v["null_interval"][0] / v["null_mean"], v["null_interval"][1] / v["null_mean"]]
+                        if v["null_mean"] else None) for c, v in per.items()}
+            else:
+                per = m[view]["enrichment"]
+                points[label] = {c: (v["enrichment"], v.get("enrichment_interval")) for c, v in per.items()}
+        _enrichment_axes(fig.add_subplot(1, 3, i + 1), points, "observed / expected (log)",
+                         f"top-{result.get('k')}: {title}", null_bars=view == "dtype_null")
     return _save(fig, path)
 
 

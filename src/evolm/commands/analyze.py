@@ -1,4 +1,4 @@
-"""``evolm analyze KIND``: drift, sparsity, localisation, compression, diversity and update-variance,
+"""``evolm analyze KIND``: drift, sparsity, localisation, magnitude, compression, diversity and update-variance,
 each writing ``<out>/<kind>.json`` and ``<out>/<kind>.png``.
 
 Design decisions:
@@ -54,12 +54,13 @@ from evolm.backends import engine_options, make_generator
 from evolm.backends.base import SamplingParams
 from evolm.categories import CATEGORIES
 from evolm.errors import UserError
+from evolm.markdown import fmt
 from evolm.runs import atomic_write_json, read_jsonl
 from evolm.seeding import seed31
 from evolm.state import state_fingerprint
 from evolm.tasks import make_task, task_from_config
 
-KINDS = ("drift", "sparsity", "localisation", "compression", "diversity", "update_variance")
+KINDS = ("drift", "sparsity", "localisation", "magnitude", "compression", "diversity", "update_variance")
 
 
 # -- argument helpers ---------------------------------------------------------------------------------
@@ -246,6 +247,41 @@ def _cmd_localisation(args) -> int:
                                for c, e in loc["enrichment"]["by_category"].items() if e["observed"] or e["expected"] >= 1)
             print(f"{label} top-{k}: {counts} (max |Δ| {loc['max_abs_delta']:.3g})")
     _report(*_write(args.out, "localisation", result))
+    return 0
+
+
+def _run_dtype(spec: str) -> str:
+    """The dtype a run's weights moved in: model.dtype for an es.arithmetic = "reference" run and for a
+    GRPO run (its optimiser updates the model's own weights), else float32 (exact ES keeps float32
+    masters; a model that is not a run directory)."""
+    cfg = _run_config(spec) if Path(spec).is_dir() else {}
+    if (cfg.get("es") or {}).get("arithmetic") == "reference" or "grpo" in cfg:
+        return (cfg.get("model") or {}).get("dtype", "float32")
+    return "float32"
+
+
+def _cmd_magnitude(args) -> int:
+    from evolm.analysis.magnitude import magnitude_analysis
+
+    loaded = _load_models(args)
+    result = _header("magnitude", loaded)
+    result.update({"k": args.k, "permutations": args.permutations, "models": {}})
+    for label, t in loaded.trained.items():
+        dtype = args.dtype or _run_dtype(t.spec)
+        m = magnitude_analysis(loaded.base_of(label).state, t.state, dtype, k=args.k, scope=t.scope,
+                               permutations=args.permutations, seed=args.seed)
+        result["models"][label] = m
+        parts = []
+        for c, e in m["absolute"]["enrichment"].items():
+            rel = m["relative"]["enrichment"].get(c) or {}
+            null = m["dtype_null"]["by_category"].get(c) or {}
+            if e["observed"] or e["expected"] >= 1:
+                ratio = lambda v: "n/a" if v is None else f"{fmt(v)}x"  # noqa: E731 (None: the null expects none there)
+                parts.append(f"{c} {e['observed']} (abs {ratio(e['enrichment'])}, rel {ratio(rel.get('enrichment'))}, "
+                             f"vs {dtype} null {ratio(null.get('enrichment'))} of {fmt(null.get('null_mean'))}, "
+                             f"p {format_p(null.get('p_enriched'))})")
+        print(f"{label} top-{args.k}: " + ", ".join(parts))
+    _report(*_write(args.out, "magnitude", result))
     return 0
 
 
@@ -481,6 +517,7 @@ def _es_setup(args, split: str):
         key, value = assignment.split("=", 1)
         task.setdefault("params", {})[key.strip()] = config.parse_value(value.strip())
     es = data.setdefault("es", {})
+    es.pop("arithmetic", None)  # measurements perturb and restore the weights exactly, whatever the run's arithmetic
     for flag, key in (("population", "population"), ("sigma", "sigma"), ("lr", "lr"), ("shaping", "shaping"),
                       ("noise", "noise")):
         if getattr(args, flag, None) is not None:
@@ -676,6 +713,19 @@ def register(subparsers) -> None:
     _add_models(k)
     k.add_argument("--k", type=int, action="append", metavar="K", help="how many coordinates, repeatable (default: 100; arXiv 2608.27351 also uses 144)")
     k.set_defaults(func=_cmd_localisation, kind="localisation")
+
+    k = kinds.add_parser("magnitude", help="top-k |Δ| by category in absolute and relative terms and against a dtype-matched null",
+                         description="Tells a localisation driven by weight magnitude x dtype spacing from one driven by "
+                                     "training: the top-k |Δ| per category against the exchangeable null, the top-k "
+                                     "|Δ|/|θ0|, and the top-k |Δ| against a null that shuffles each coordinate's step count "
+                                     "in its dtype spacing (evolm.analysis.magnitude); plus step counts and relative sparsity.")
+    _add_models(k)
+    k.add_argument("--k", type=int, default=100, help="how many coordinates (default: 100)")
+    k.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default=None,
+                   help="the spacing steps are counted in (default: model.dtype of an es.arithmetic='reference' run, else float32)")
+    k.add_argument("--permutations", type=int, default=20, help="shuffles of the dtype-matched null (default: 20)")
+    k.add_argument("--seed", type=int, default=0, help="seed of the shuffles (default: 0)")
+    k.set_defaults(func=_cmd_magnitude, kind="magnitude")
 
     k = kinds.add_parser("sparsity", help="fraction of updates below τ and pass@1 of θ0 + Δ·1[|Δ| ≥ τ]",
                          description="Thresholds τ = m × s, where s is the RMS of a single ES update (median over the run's "

@@ -61,6 +61,9 @@ class AskTell:
         self.job = config_mod.from_dict(config_mod.ESJob, {}, sets)
         if self.job.es.perturbation != "full":
             raise UserError("AskTell perturbs one member at a time in place: es.perturbation must be 'full'")
+        if self.job.es.arithmetic != "exact":
+            raise UserError("AskTell's seed log replays updates only; es.arithmetic='reference' (whose weights depend on "
+                            "every perturb/restore) runs through evolm es: set es.arithmetic='exact'")
         self.model = model
         self.params = build_paramset(model, self.job)
         self.layout = member_layout(self.job.es.estimator, self.job.es.population)

@@ -73,7 +73,14 @@ def build_paramset(model, cfg, header: dict | None = None, generator: Generator 
     es = cfg.es
     if es.perturbation == "lowrank":
         return build_lowrank_paramset(model, cfg, header)
-    params = ParamSet(model, None, categories=tuple(es.params), regex=es.param_regex)
+    if es.arithmetic == "reference":
+        from evolm.es.reference import ReferenceParamSet
+
+        params = ReferenceParamSet(model, None, categories=tuple(es.params), regex=es.param_regex, lr=es.lr,
+                                   error_sample=es.reference_error_sample,
+                                   sample_seed=derive_seed(cfg.run.seed, "reference-shadow"))
+    else:
+        params = ParamSet(model, None, categories=tuple(es.params), regex=es.param_regex)
     device = params.tensors[0].device
     if header is None:
         params.noise = make_noise(es.noise, derive_seed(cfg.run.seed, "noise"), params.layout, es.noise_table_size, device)
@@ -120,8 +127,17 @@ def run_header(params: ParamSet, cfg, layout: list[tuple[int, int]]) -> dict:
     return {"kind": "header", "noise": params.noise.describe(), "estimator": es.estimator, "population": es.population,
             "sigma": es.sigma, "lr": es.lr, "divide_by_sigma": es.divide_by_sigma, "shaping": es.shaping, "layout": layout,
             "params": params.names, "param_indices": params.indices, "numel": params.numel,
-            "perturb": {"arithmetic": PERTURB_ARITHMETIC, "path": params.perturb_path}, "perturbation": es.perturbation,
+            "perturb": {"arithmetic": perturb_arithmetic(cfg), "path": params.perturb_path}, "perturbation": es.perturbation,
             **({"rank": es.rank} if es.perturbation == "lowrank" else {})}
+
+
+def perturb_arithmetic(cfg) -> str:
+    """The seed-log name of the arithmetic ``es.arithmetic`` selects (exact: ``PERTURB_ARITHMETIC``)."""
+    if cfg.es.arithmetic == "reference":
+        from evolm.es.reference import REFERENCE_ARITHMETIC
+
+        return REFERENCE_ARITHMETIC
+    return PERTURB_ARITHMETIC
 
 
 def seed_log_header(records: list[dict]) -> dict | None:
@@ -151,8 +167,10 @@ def check_header(header: dict, params: ParamSet, cfg) -> None:
     elif noise.get("scheme") == "member" and int(noise.get("total", params.noise_numel)) != params.noise_numel:
         problems.append("the model's selected parameters differ in size from the run's")
     arithmetic = (header.get("perturb") or {}).get("arithmetic")
-    if arithmetic is not None and arithmetic != PERTURB_ARITHMETIC:
-        problems.append(f"the run perturbed with '{arithmetic}' arithmetic, this evolm with '{PERTURB_ARITHMETIC}'")
+    expected = perturb_arithmetic(cfg)
+    if (arithmetic or PERTURB_ARITHMETIC) != expected:
+        problems.append(f"the run perturbed with '{arithmetic}' arithmetic, this config (es.arithmetic='{cfg.es.arithmetic}') "
+                        f"with '{expected}'")
     if problems:
         raise ConfigError("the config does not describe the run in its seed log: " + "; ".join(problems)
                           + " (use the run's own config.toml)")
@@ -222,6 +240,8 @@ def train(cfg, comps, run: RunDir, start, params: ParamSet, *, probe: Callable |
     if start.checkpoint is not None:  # a checkpoint, or final/ of a finished run being extended
         load_weights(model, start.checkpoint)
         load_masters(params, start.checkpoint, model)
+    if start.step and hasattr(params, "replay_shadow"):  # reference arithmetic: the exact shadow of the updates so far
+        params.replay_shadow([r for r in run.seed_log() if "iteration" in r and int(r["step"]) <= start.step])
         totals = {"seconds_total": float(start.state.get("seconds_total", 0.0)),
                   "gen_sequences_total": int(start.state.get("gen_sequences_total", 0)),
                   "gen_tokens_total": int(start.state.get("gen_tokens_total", 0))}
@@ -283,11 +303,12 @@ def _iteration(cfg, run: RunDir, population, task, tokenizer, generator, layout,
                             divide_by_sigma=es.divide_by_sigma, errors=scores.errors)
     update = population.apply_update(iteration, update) or update
     seconds_update = time.perf_counter() - t_update
+    errors = population.params.error_metrics() if hasattr(getattr(population, "params", None), "error_metrics") else {}
     step = iteration + 1
     extra = {"fitness": scores.fitness, "update_status": update.status,
              "update_norm_coef": float(math.sqrt(sum(c * c for c in update.coefficients))) * update.scale,
              "seconds_generate": scores.seconds["generate"], "seconds_perturb": scores.seconds["perturb"],
-             "seconds_restore": scores.seconds["restore"], "seconds_update": seconds_update, **scores.extra}
+             "seconds_restore": scores.seconds["restore"], "seconds_update": seconds_update, **scores.extra, **errors}
     if update.message:
         extra["message"] = update.message
         if not quiet:
@@ -313,9 +334,18 @@ def _iteration(cfg, run: RunDir, population, task, tokenizer, generator, layout,
 
 def replay(model, seed_log: list[dict], cfg) -> ParamSet:
     """Re-apply a run's logged updates to ``model`` (the base weights) in order; returns the ParamSet.
-    The noise is rebuilt from the log's header (checked against ``cfg``)."""
-    params = build_paramset(model, cfg, seed_log_header(seed_log))
+    The noise is rebuilt from the log's header (checked against ``cfg``). With reference arithmetic
+    (``es.arithmetic = "reference"``) restore is not exact, so every logged iteration's members are
+    perturbed and restored again, in layout order, before its update: the run's rounding, bit for bit."""
+    header = seed_log_header(seed_log)
+    params = build_paramset(model, cfg, header)
+    reference = cfg.es.arithmetic == "reference"
+    layout = [tuple(m) for m in header["layout"]] if reference else []
     for record in seed_log:
+        if reference and "iteration" in record:
+            for direction, sign in layout:
+                params.perturb(int(record["iteration"]), direction, sign, float(header["sigma"]))
+                params.restore()
         if record.get("status") == "applied":
             if not params.apply_update(int(record["iteration"]), record["coefficients"], float(record["scale"])):
                 raise ValueError(f"seed-log update {record.get('step')} would make weights non-finite")

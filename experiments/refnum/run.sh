@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Reference numerics: is what ES does to the weights (C4 drift, C5 sparsity, C6 localisation) ES's, or
+# bfloat16 arithmetic? Runs, one at a time (each on one thread), then the analyses:
+#   SmolLM2-135M, 2-digit addition, N = 30, 240 updates, same run.seed / minibatches / members:
+#     smollm2-es-exact-f32       (a) exact float32 ES
+#     smollm2-es-reference-bf16  (b) Qiu et al.'s in-place bf16 arithmetic (es.arithmetic = "reference")
+#     smollm2-es-exact-bf16      (c) bf16 generation, float32 masters
+#     smollm2-grpo-bf16          GRPO with bf16 weights (240 steps)
+#   Gemma-3-270M, 1-digit addition, N = 30, 60 updates: gemma-es-exact-f32 (a), gemma-es-reference-bf16 (b)
+#
+#   bash experiments/refnum/run.sh             # everything not done yet, then the analyses
+#   bash experiments/refnum/run.sh smollm2     # the SmolLM2 runs and their analyses only
+#   bash experiments/refnum/run.sh analyses    # the analyses of whatever has finished
+#   ITERATIONS=1 POPULATION=4 PERMUTATIONS=2 OUT=runs/refnum-smoke bash experiments/refnum/run.sh smollm2   # a smoke of the plumbing
+#
+# Cost, one thread, estimated from 1-2 update smokes (N = 4) on the shared 2-core machine: ~25 CPU-hours
+# in all (20-35): per SmolLM2 member 2.1-2.7 s of float32 and 1.7-3 s of bf16 generation, so the three
+# SmolLM2 ES runs 4-7 h each; GRPO 33 s/step, ~2.2 h; Gemma (a) 1.5-3.3 h, (b) ~1.2 h; held-out
+# evaluations ~2.5 h; analyses under 1 h (analyze magnitude ~3 min per SmolLM2 model, ~6 per Gemma one).
+# Every run resumes from its checkpoint when killed (evolm es/grpo --resume); finished runs and written
+# analyses are skipped, so the script can be run again after a kill. Runs write runs/refnum/<name>/.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+PY=${PY:-.venv/bin/python}
+OUT=${OUT:-runs/refnum}
+SMOKE=()  # ITERATIONS / POPULATION shrink every run (a smoke); unset for the real experiment
+[ -n "${ITERATIONS:-}" ] && SMOKE+=(--set "es.iterations=$ITERATIONS" --set "eval.before_after=false")
+[ -n "${POPULATION:-}" ] && SMOKE+=(--set "es.population=$POPULATION")
+mkdir -p "$OUT"
+
+run() {  # run KIND NAME: start experiments/refnum/NAME.toml, resume it, or skip it when finished
+  local kind=$1 name=$2 sets=("${SMOKE[@]}")
+  if [ "$kind" = grpo ]; then  # es.* overrides do not apply to GRPO
+    sets=(); [ -n "${ITERATIONS:-}" ] && sets=(--set "grpo.steps=$ITERATIONS" --set "eval.before_after=false")
+  fi
+  if [ -f "$OUT/$name/final/config.json" ]; then echo "$name: done"; return; fi
+  echo "$name: $(date -u +%H:%M:%S) start"
+  if [ -f "$OUT/$name/config.toml" ]; then
+    "$PY" -m evolm "$kind" --resume "$OUT/$name" --set run.progress=false > "$OUT/$name.log" 2>&1
+  else
+    "$PY" -m evolm "$kind" --config "experiments/refnum/$name.toml" --set "run.out_dir=\"$OUT\"" --set run.progress=false \
+      ${sets[@]+"${sets[@]}"} > "$OUT/$name.log" 2>&1
+  fi
+  echo "$name: $(date -u +%H:%M:%S) finished"
+}
+
+analyse() {  # analyse DIR LABEL=RUN...: drift, localisation and magnitude of the finished runs among them
+  local dir=$1 args=() pair; shift
+  for pair in "$@"; do [ -f "$OUT/${pair#*=}/final/config.json" ] && args+=(--trained "${pair%%=*}=$OUT/${pair#*=}"); done
+  [ ${#args[@]} -gt 0 ] || return 0
+  mkdir -p "$dir"
+  [ -f "$dir/drift.json" ] || "$PY" -m evolm analyze drift "${args[@]}" --out "$dir"
+  [ -f "$dir/localisation.json" ] || "$PY" -m evolm analyze localisation "${args[@]}" --k 100 --k 144 --out "$dir"
+  [ -f "$dir/magnitude.json" ] || "$PY" -m evolm analyze magnitude "${args[@]}" --k 100 --permutations "${PERMUTATIONS:-20}" --out "$dir"
+}
+
+smollm2() {
+  run es smollm2-es-exact-f32
+  run es smollm2-es-reference-bf16
+  run es smollm2-es-exact-bf16
+  run grpo smollm2-grpo-bf16
+}
+
+gemma() {
+  run es gemma-es-exact-f32
+  run es gemma-es-reference-bf16
+}
+
+analyses() {  # each run against its own base (the bf16 runs: their bf16-rounded base/, checked by fingerprint)
+  analyse "$OUT/analyses/smollm2" exact-f32=smollm2-es-exact-f32 reference-bf16=smollm2-es-reference-bf16 \
+    exact-bf16=smollm2-es-exact-bf16 grpo-bf16=smollm2-grpo-bf16
+  analyse "$OUT/analyses/gemma" exact-f32=gemma-es-exact-f32 reference-bf16=gemma-es-reference-bf16
+  # the restore error per update of the reference runs: metrics.jsonl, ref_* (docs/es.md)
+  "$PY" - "$OUT" <<'PYEOF'
+import json, sys
+from pathlib import Path
+for run in sorted(Path(sys.argv[1]).glob("*reference*/metrics.jsonl")):
+    rows = [json.loads(l) for l in run.read_text().splitlines() if '"ref_error_rel"' in l]
+    if rows:
+        last = rows[-1]
+        print(f"{run.parent.name}: after {last['step']} updates ref_error_rel {last['ref_error_rel']:.3g}, "
+              f"ref_error_frac {last['ref_error_frac']:.3g}, ref_moved_ratio {last['ref_moved_ratio']}, "
+              f"ref_changed_frac {last['ref_changed_frac']:.3g} (exact: {last['ref_exact_changed_frac']:.3g})")
+PYEOF
+}
+
+case "${1:-all}" in
+  smollm2) smollm2; analyses ;;
+  gemma) gemma; analyses ;;
+  analyses) analyses ;;
+  all) smollm2; gemma; analyses ;;
+  *) echo "usage: $0 [all|smollm2|gemma|analyses]" >&2; exit 2 ;;
+esac

@@ -1,0 +1,234 @@
+"""Magnitude-aware analyses: is a finding about Δ = θ − θ0 ES's, or weight magnitude × dtype spacing?
+
+In bfloat16 a weight can only move in steps of its own ulp, ``ulp(θ) ≈ |θ| · 2^-7``: a norm weight
+near 1 moves by at least 0.0039, a matrix weight near 0.02 by 1.2e-4. So wherever a run's arithmetic
+rounds in a low-precision dtype (Qiu et al.'s in-place bf16 loop, ``evolm.es.reference``), the largest
+|Δ| land on the largest weights, whatever the optimiser did: a top-k count, a sparsity fraction or a
+drift share read in absolute |Δ| can be a property of the dtype. The exchangeable-coordinate null of
+``evolm.analysis.enrichment`` treats every coordinate alike, so it cannot tell. This module adds two
+views that can:
+
+- **Relative terms** (``relative_localisation``, ``relative_sparsity``): the same top-k counts and
+  below-τ fractions on ``r = |Δ| / |θ0|``. In a dtype of p mantissa bits one ulp is between 2^-p and
+  2^(1-p) of |θ| for every weight, so a walk in ulp steps is (up to that factor of 2) exchangeable in r.
+  Coordinates with θ0 = 0 have no relative change and are left out (counted as ``num_zero_base``).
+- **The dtype-matched null** (``dtype_null_localisation``): each coordinate's update is measured in
+  steps of its dtype spacing, ``s_i = Δ_i / ulp(θ0_i)`` (exactly the number of representable values
+  crossed while the walk stays in θ0's binade), and the null shuffles the step counts over the
+  coordinates in scope: ``Δ*_i = s_π(i) · ulp(θ0_i)``, i.e. a random walk of the same number of steps
+  in every coordinate's own spacing. Per category the top-k count of |Δ| is compared with its
+  distribution over ``permutations`` shuffles: null mean and 95% range, enrichment = observed / null
+  mean, and empirical one-sided p-values ``(1 + #{null ≥ obs}) / (R + 1)`` (and ≤ for depletion).
+  A category that holds the top k because its weights are large *and* the steps are exchangeable is
+  at enrichment ≈ 1 against this null; one where ES takes more steps is above it. When the null itself
+  puts (nearly) the whole top k in one category (its interval reaches k), the count cannot tell ES
+  from spacing there: read the step counts and the relative view instead.
+
+``magnitude_analysis`` runs all of it plus the per-category step-count summary (``step_counts``: how
+many coordinates moved, the median and mean |steps|, the share that moved exactly one ulp). The dtype
+is the one the run's arithmetic rounded in (``model.dtype`` of an ``es.arithmetic = "reference"`` run
+and of a GRPO run, whose optimiser updates the model's own weights; float32 for exact ES, whose
+masters are float32).
+
+Design decisions:
+
+- ``ulp(x)`` is ``2^(e − p)`` for ``|x|`` in ``[2^e, 2^(e+1))`` with p the dtype's mantissa bits
+  (bfloat16 7, float16 10, float32 23), and the smallest subnormal spacing below the normal range, so
+  it is defined for every finite θ0, zero included.
+- The shuffle is over every coordinate in scope (unchanged ones carry 0 steps), with a seeded torch
+  generator: results are reproducible and the null's population is the one the exchangeable null uses.
+- Memory: the coordinates in scope are flattened once per trained model (θ0, θ, category ids), then
+  spacing, steps, one permutation (int64) and its shuffled |Δ*|: about 30 bytes per coordinate at the
+  peak besides the loaded weights (~4 GB for SmolLM2-135M; the smoke of two Gemma-3-270M runs peaked
+  at 8.4 GB resident with everything loaded).
+- Planted checks (``tests/test_magnitude.py``): a pure ±1-ulp walk in bfloat16 puts the top k in the
+  norm weights in absolute |Δ| and nowhere special relatively or against the dtype-matched null; the
+  same-length float32 Gaussian walk has no absolute enrichment; a bf16 walk whose norm coordinates take
+  more steps is enriched against the dtype-matched null.
+"""
+
+from __future__ import annotations
+
+from evolm.analysis.enrichment import top_k_enrichment
+from evolm.analysis.weights import check_compatible
+from evolm.categories import CATEGORIES, param_category
+
+MANTISSA_BITS = {"bfloat16": 7, "float16": 10, "float32": 23}
+"""Explicit mantissa bits p of each dtype the analyses know (one ulp of 1.0 is 2^-p)."""
+MIN_EXPONENT = {"bfloat16": -126, "float16": -14, "float32": -126}
+"""The smallest normal exponent of each dtype (below it the spacing is constant)."""
+
+
+def _check_dtype(dtype: str) -> str:
+    if dtype not in MANTISSA_BITS:
+        from evolm.errors import UserError
+
+        raise UserError(f"dtype must be one of {sorted(MANTISSA_BITS)} (got '{dtype}')")
+    return dtype
+
+
+def ulp(x, dtype: str):
+    """The spacing of ``dtype``'s representable values at ``|x|`` (float32 tensor in, float32 out)."""
+    import torch  # local: torch is slow to import, and `evolm --help` imports this module
+
+    p, emin = MANTISSA_BITS[_check_dtype(dtype)], MIN_EXPONENT[dtype]
+    x = x.to(torch.float32)
+    _, e = torch.frexp(x)  # |x| = m · 2^e, m in [0.5, 1): |x| in [2^(e-1), 2^e); frexp(0) has e = 0
+    e = torch.where(x == 0, torch.full_like(e, emin), torch.clamp(e - 1, min=emin))
+    return torch.ldexp(torch.ones_like(x, dtype=torch.float32), (e - p).to(torch.float32))
+
+
+def _flat(base: dict, trained: dict, names: list[str]):
+    import torch
+
+    b = torch.cat([base[n].to(torch.float32).flatten() for n in names])
+    t = torch.cat([trained[n].to(torch.float32).flatten() for n in names])
+    return b, t
+
+
+def _category_index(base: dict, names: list[str]):
+    """Category id (index into CATEGORIES) of every flattened coordinate of ``names``, as a tensor."""
+    import torch
+
+    return torch.cat([torch.full((base[n].numel(),), CATEGORIES.index(param_category(n)), dtype=torch.int8) for n in names])
+
+
+def _names(base: dict, trained: dict, scope) -> list[str]:
+    check_compatible(base, trained)
+    return sorted(base) if scope is None else sorted(set(scope) & set(base))
+
+
+def _coordinates(base: dict, trained: dict, scope) -> tuple:
+    """``(θ0, θ, category ids)`` of every coordinate in scope, flattened once (float32, float32, int8)."""
+    names = _names(base, trained, scope)
+    b, t = _flat(base, trained, names)
+    return b, t, _category_index(base, names)
+
+
+def _top_k_counts(score, cat_ids, k: int) -> dict[str, int]:
+    import torch
+
+    k = min(k, int((score > 0).sum()))
+    if k == 0:
+        return {c: 0 for c in CATEGORIES}
+    _, idx = torch.topk(score, k, sorted=False)
+    counts = torch.bincount(cat_ids[idx].long(), minlength=len(CATEGORIES))
+    return {c: int(counts[i]) for i, c in enumerate(CATEGORIES)}
+
+
+def relative_localisation(base: dict, trained: dict, k: int = 100, scope=None, coords=None) -> dict:
+    """The top ``k`` coordinates of ``|Δ| / |θ0|`` by category, against the exchangeable null.
+
+    Returns ``k``, ``num_selected``, ``num_zero_base`` (in-scope coordinates with θ0 = 0, left out),
+    ``by_category`` (counts) and ``enrichment`` (``top_k_enrichment`` over the coordinates with θ0 ≠ 0)."""
+    import torch
+
+    b, t, cat_ids = coords or _coordinates(base, trained, scope)
+    d = t - b
+    nonzero_base = b != 0
+    rel = torch.where(nonzero_base, d.abs() / b.abs().clamp_min(torch.finfo(torch.float32).tiny), torch.zeros_like(d))
+    counts = _top_k_counts(rel, cat_ids, k)
+    selected = sum(counts.values())
+    population = torch.bincount(cat_ids[nonzero_base].long(), minlength=len(CATEGORIES))
+    param_counts = {c: int(population[i]) for i, c in enumerate(CATEGORIES)}
+    return {"k": k, "num_selected": selected, "num_zero_base": int((~nonzero_base).sum()), "by_category": counts,
+            "enrichment": top_k_enrichment(counts, selected, param_counts) if selected else {}}
+
+
+def step_counts(base: dict, trained: dict, dtype: str, scope=None, coords=None) -> dict:
+    """Per category: coordinates, how many moved, and their |steps| = |Δ| / ulp(θ0) in ``dtype``
+    (``median_steps``, ``mean_steps``, ``one_step_share``: the share of moved coordinates within 1.5 ulp)."""
+    import torch
+
+    b, t, cat_ids = coords or _coordinates(base, trained, scope)
+    steps = ((t - b) / ulp(b, dtype)).abs()
+    out = {}
+    for i, c in enumerate(CATEGORIES):
+        mask = cat_ids == i
+        if not bool(mask.any()):
+            continue
+        moved = steps[mask & (t != b)]
+        out[c] = {"num_params": int(mask.sum()), "num_changed": int(moved.numel()),
+                  "median_steps": float(moved.median()) if moved.numel() else 0.0,
+                  "mean_steps": float(moved.double().mean()) if moved.numel() else 0.0,
+                  "one_step_share": float((moved < 1.5).double().mean()) if moved.numel() else 0.0}
+    return {"dtype": dtype, "by_category": out}
+
+
+def dtype_null_localisation(base: dict, trained: dict, dtype: str, k: int = 100, scope=None,
+                            permutations: int = 20, seed: int = 0, coords=None) -> dict:
+    """Top-k |Δ| counts per category against the dtype-matched null (step counts shuffled; module docstring).
+
+    Returns ``k``, ``dtype``, ``permutations``, ``observed`` (counts) and ``by_category``: per category
+    ``observed``, ``null_mean``, ``null_interval`` (2.5% and 97.5% of the shuffles), ``enrichment``
+    (observed / null mean; None when the null mean is 0), ``p_enriched`` and ``p_depleted``."""
+    import torch
+
+    if permutations < 1:
+        raise ValueError(f"permutations must be >= 1 (got {permutations})")
+    b, t, cat_ids = coords or _coordinates(base, trained, scope)
+    spacing = ulp(b, dtype)
+    steps = (t - b) / spacing
+    observed = _top_k_counts((steps * spacing).abs(), cat_ids, k)
+    gen = torch.Generator().manual_seed(int(seed))
+    null = {c: [] for c in CATEGORIES}
+    for _ in range(permutations):
+        shuffled = steps[torch.randperm(steps.numel(), generator=gen)]
+        counts = _top_k_counts((shuffled * spacing).abs(), cat_ids, k)
+        for c in CATEGORIES:
+            null[c].append(counts[c])
+    present = {CATEGORIES[i] for i in torch.unique(cat_ids).tolist()}
+    by_category = {}
+    for c in CATEGORIES:
+        if c not in present:
+            continue
+        values = sorted(null[c])
+        mean = sum(values) / len(values)
+        obs = observed[c]
+        by_category[c] = {"observed": obs, "null_mean": mean,
+                          "null_interval": [values[int(0.025 * (len(values) - 1))], values[int(round(0.975 * (len(values) - 1)))]],
+                          "enrichment": obs / mean if mean > 0 else None,
+                          "p_enriched": (1 + sum(v >= obs for v in values)) / (len(values) + 1),
+                          "p_depleted": (1 + sum(v <= obs for v in values)) / (len(values) + 1)}
+    return {"k": k, "dtype": dtype, "permutations": permutations, "observed": observed, "by_category": by_category}
+
+
+def relative_sparsity(base: dict, trained: dict, taus, scope=None, coords=None) -> dict:
+    """For each relative threshold τ: the fraction of changed coordinates (θ0 ≠ 0) with ``|Δ| / |θ0| < τ``,
+    overall and per category (``update_sparsity``'s question in relative terms)."""
+    import torch
+
+    taus = [float(x) for x in taus]
+    b, t, cat_ids = coords or _coordinates(base, trained, scope)
+    keep = (t != b) & (b != 0)
+    rel = ((t - b).abs() / b.abs().clamp_min(torch.finfo(torch.float32).tiny))[keep]
+    ids = cat_ids[keep]
+    by_category = {}
+    for i, c in enumerate(CATEGORIES):
+        r = rel[ids == i]
+        if r.numel():
+            by_category[c] = {"num_changed": int(r.numel()), "fraction_below": [float((r < x).double().mean()) for x in taus]}
+    return {"taus": taus, "num_changed": int(rel.numel()),
+            "fraction_below": [float((rel < x).double().mean()) if rel.numel() else 0.0 for x in taus],
+            "by_category": by_category}
+
+
+DEFAULT_RELATIVE_TAUS = (1e-4, 1e-3, 1e-2, 1e-1)
+"""Relative thresholds of ``relative_sparsity`` (one bf16 ulp is 2^-8 .. 2^-7 ≈ 0.004 .. 0.008 of |θ|)."""
+
+
+def magnitude_analysis(base: dict, trained: dict, dtype: str, k: int = 100, scope=None, permutations: int = 20,
+                       seed: int = 0, taus=DEFAULT_RELATIVE_TAUS) -> dict:
+    """Absolute top-k enrichment (the exchangeable null), relative top-k, the dtype-matched null, step
+    counts and relative sparsity of one trained model against its base, in one dict."""
+    from evolm.analysis.localisation import top_k_localisation
+
+    absolute = top_k_localisation(base, trained, k, scope)
+    coords = _coordinates(base, trained, scope)  # flattened once for the four views below
+    return {"dtype": dtype, "k": k,
+            "absolute": {"by_category": absolute["by_category"], "enrichment": absolute["enrichment"]["by_category"]},
+            "relative": relative_localisation(base, trained, k, scope, coords=coords),
+            "dtype_null": dtype_null_localisation(base, trained, dtype, k, scope, permutations, seed, coords=coords),
+            "steps": step_counts(base, trained, dtype, scope, coords=coords),
+            "relative_sparsity": relative_sparsity(base, trained, taus, scope, coords=coords)}
+

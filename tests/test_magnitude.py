@@ -1,0 +1,147 @@
+"""Magnitude-aware analyses (evolm/analysis/magnitude.py): planted random walks in bfloat16 and float32.
+
+A pure walk of ±1-ulp steps in bfloat16 puts the largest |Δ| on the largest weights (the norm weights
+here, spread around 1 against matrices of scale 0.02): the absolute top-k count is "enriched in norm",
+while relative terms and the dtype-matched null must see nothing. A float32 Gaussian walk of the same
+length is isotropic: no absolute enrichment. A bfloat16 walk whose norm coordinates take more steps is
+an ES-like finding: enriched against the dtype-matched null.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from evolm.analysis.magnitude import (dtype_null_localisation, magnitude_analysis, relative_localisation,
+                                      relative_sparsity, step_counts, ulp)
+
+NORM = "model.layers.0.input_layernorm.weight"
+SHAPES = {NORM: (4000,), "model.layers.0.self_attn.q_proj.weight": (200, 1000),
+          "model.layers.0.mlp.up_proj.weight": (200, 1000), "model.embed_tokens.weight": (100, 1000)}
+
+
+def _base(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, shape in SHAPES.items():
+        if name == NORM:  # log-uniform over [0.25, 4): a spread of mantissas like the matrices'
+            x = torch.exp2(torch.rand(shape, generator=g) * 4 - 2)
+        else:
+            x = torch.randn(shape, generator=g) * 0.02
+        out[name] = x.to(torch.bfloat16).to(torch.float32)
+    return out
+
+
+def _ulp_walk(base, steps, seed=1, dtype="bfloat16"):
+    """Every coordinate takes ``steps[name]`` random ±1-ulp steps in ``dtype``'s spacing."""
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, x in base.items():
+        x = x.clone()
+        for _ in range(steps.get(name, steps["*"])):
+            sign = torch.randint(0, 2, x.shape, generator=g).float() * 2 - 1
+            x = (x + sign * ulp(x, dtype)).to(getattr(torch, dtype)).to(torch.float32)
+        out[name] = x
+    return out
+
+
+def _gauss_walk(base, steps=16, sigma=1e-3, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return {n: x + sum(torch.randn(x.shape, generator=g) * sigma for _ in range(steps)) for n, x in base.items()}
+
+
+def test_ulp_is_the_dtype_spacing():
+    x = torch.tensor([1.0, 1.5, 0.75, -3.0, 0.0, 0.02])
+    assert ulp(x, "bfloat16").tolist()[:4] == [2 ** -7, 2 ** -7, 2 ** -8, 2 ** -6]
+    assert ulp(x, "float32")[0] == 2 ** -23 and ulp(x, "float16")[0] == 2 ** -10
+    assert ulp(torch.tensor([0.0]), "bfloat16")[0] == 2 ** -133  # subnormal spacing at 0
+    for dtype in ("bfloat16", "float16"):
+        y = torch.tensor([0.02, 1.3, 7.0]).to(getattr(torch, dtype)).float()
+        up = (y + ulp(y, dtype)).to(getattr(torch, dtype)).float()
+        half = (y + 0.49 * ulp(y, dtype)).to(getattr(torch, dtype)).float()
+        assert torch.all(up > y) and torch.equal(half, y)  # one ulp is the next value; less rounds back
+
+
+def test_bf16_ulp_walk_is_norm_enriched_in_absolute_terms_only():
+    base = _base()
+    walked = _ulp_walk(base, {"*": 16})
+    result = magnitude_analysis(base, walked, "bfloat16", k=100, permutations=40)
+    absolute = result["absolute"]["enrichment"]["norm"]
+    assert absolute["observed"] >= 90 and absolute["p_enriched"] < 1e-50  # the artefact: top k in norm weights
+    relative = result["relative"]["enrichment"]["norm"]
+    assert relative["p_enriched"] > 0.01 and relative["observed"] < 10
+    null = result["dtype_null"]["by_category"]["norm"]
+    assert null["p_enriched"] > 0.05 and 0.8 < null["enrichment"] < 1.25  # the null explains it
+    steps = result["steps"]["by_category"]
+    assert steps["norm"]["median_steps"] == pytest.approx(steps["attention"]["median_steps"], rel=0.5)
+
+
+def test_float32_gaussian_walk_is_not_enriched_and_is_depleted_against_the_dtype_null():
+    base = _base()
+    walked = _gauss_walk(base)
+    result = magnitude_analysis(base, walked, "float32", k=100, permutations=40)
+    assert result["absolute"]["enrichment"]["norm"]["p_enriched"] > 0.01
+    null = result["dtype_null"]["by_category"]["norm"]
+    assert null["null_mean"] > 20 and null["observed"] < 10 and null["p_depleted"] < 0.05
+    steps = result["steps"]["by_category"]
+    assert steps["norm"]["median_steps"] < steps["attention"]["median_steps"] / 10  # big weights, big ulps
+    sparsity = result["relative_sparsity"]["by_category"]
+    assert sparsity["norm"]["fraction_below"][2] > 0.5 > sparsity["attention"]["fraction_below"][2]  # τ = 1e-2
+
+
+def test_extra_steps_in_norm_weights_are_enriched_against_the_dtype_null():
+    # the positive control: ES-like, the norm coordinates take 4x the steps of the others (norm weights on
+    # the matrices' scale here: with norm weights near 1 the null itself puts the whole top k there)
+    base = _base()
+    base[NORM] = (torch.randn(SHAPES[NORM], generator=torch.Generator().manual_seed(3)) * 0.02).to(torch.bfloat16).float()
+    walked = _ulp_walk(base, {"*": 4, NORM: 16})
+    rel = relative_localisation(base, walked, k=100)["enrichment"]["norm"]
+    assert rel["p_enriched"] < 1e-6
+    null = dtype_null_localisation(base, walked, "bfloat16", k=100, permutations=40)["by_category"]["norm"]
+    assert null["observed"] > null["null_interval"][1] and null["p_enriched"] <= 1 / 41 + 1e-12
+
+
+def test_relative_analyses_leave_out_zero_base_and_unchanged_coordinates():
+    base = {NORM: torch.tensor([0.0, 1.0, 2.0, 4.0]), "model.layers.0.mlp.up_proj.weight": torch.tensor([0.5, 0.25])}
+    trained = {NORM: torch.tensor([0.1, 1.0, 2.1, 4.0]), "model.layers.0.mlp.up_proj.weight": torch.tensor([0.55, 0.3])}
+    loc = relative_localisation(base, trained, k=2)
+    assert loc["num_zero_base"] == 1 and loc["by_category"]["mlp"] == 2  # r = 0.1 and 0.2 beat the norm's 0.05
+    sp = relative_sparsity(base, trained, [0.15])
+    assert sp["num_changed"] == 3 and sp["by_category"]["norm"]["fraction_below"] == [1.0]
+    assert step_counts(base, trained, "bfloat16")["by_category"]["norm"]["num_changed"] == 2
+
+
+def test_analyze_magnitude_cli_writes_json_and_png(tmp_path, tokenizer):
+    # a tiny llama (norm weights 1, matrices ~0.02) rounded to bf16 as the base, a bf16 ulp walk of it as trained
+    import json
+
+    from conftest import make_tiny_model
+
+    from evolm.commands import main
+
+    model = make_tiny_model(tokenizer).to(torch.bfloat16).to(torch.float32)
+    model.save_pretrained(tmp_path / "base")
+    state = {n: p.data for n, p in model.named_parameters()}
+    for n, x in _ulp_walk(state, {"*": 4}).items():
+        state[n].copy_(x)
+    model.save_pretrained(tmp_path / "walked")
+    code = main(["analyze", "magnitude", "--base", str(tmp_path / "base"), "--trained", f"bf16={tmp_path / 'walked'}",
+                 "--dtype", "bfloat16", "--permutations", "5", "--out", str(tmp_path / "out")])
+    assert code == 0
+    result = json.loads((tmp_path / "out" / "magnitude.json").read_text())
+    m = result["models"]["bf16"]
+    assert m["dtype"] == "bfloat16" and m["absolute"]["by_category"]["norm"] >= 90
+    assert m["dtype_null"]["permutations"] == 5 and (tmp_path / "out" / "magnitude.png").exists()
+
+
+def test_the_step_dtype_is_the_one_the_run_updated_in(tmp_path):
+    from evolm.commands.analyze import _run_dtype
+
+    cases = {"ref": '[model]\ndtype = "bfloat16"\n[es]\narithmetic = "reference"\n',
+             "exact": '[model]\ndtype = "bfloat16"\n[es]\narithmetic = "exact"\n',
+             "grpo": '[model]\ndtype = "bfloat16"\n[grpo]\nsteps = 1\n'}
+    for name, text in cases.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.toml").write_text(text)
+    assert [_run_dtype(str(tmp_path / n)) for n in cases] == ["bfloat16", "float32", "bfloat16"]
+    assert _run_dtype("smollm2-135m") == "float32"
