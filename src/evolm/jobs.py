@@ -414,6 +414,7 @@ def run_es(cfg, resume=None, *, model=None, tokenizer=None, task: Task | None = 
     # refuses a selection that matches nothing, or a config that is not the resumed run's, before any file changes
     # a vLLM generator wraps the ParamSet so that members are perturbed inside its engine; with vLLM actors
     # (backends.actors_generate) the driver's generator is HF and each actor wraps its own engine's
+    es_engine.check_memory(comps.model, cfg)  # masters and noise table beside the model: refused before allocating
     params = es_engine.build_paramset(comps.model, cfg, header, comps.generator)
     run, start = open_run(cfg, es_engine.METHOD, resume=resume, run_dir=run_dir, rules=ES_RESUME, say=say,
                           model=comps.model, injected=model is not None)

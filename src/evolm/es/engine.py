@@ -63,6 +63,49 @@ def check_training_data(cfg, task: Task) -> None:
     task.examples("train", cfg.es.prompts_per_iteration, seed=seed31(cfg.run.seed, "prompts", 0))
 
 
+def memory_need(model, cfg) -> dict[str, int]:
+    """Bytes ES allocates beside the loaded model on its device before the first member (``build_paramset``):
+    float32 masters when the model is not float32, and the noise table (``es.noise = "table"``: P + 2^25
+    float32 values by default). Counts every parameter (an upper bound when ``es.params`` selects fewer)."""
+    numel = sum(p.numel() for p in model.parameters())
+    need = {}
+    if next(model.parameters()).dtype != torch.float32 and cfg.es.arithmetic == "exact":
+        need["float32 masters"] = 4 * numel
+    if cfg.es.noise == "table":
+        from evolm.es.noise import TableNoise
+
+        need["noise table"] = 4 * (cfg.es.noise_table_size or TableNoise.default_size(numel))
+    return need
+
+
+def check_memory(model, cfg, free_bytes: int | None = None) -> None:
+    """Refuse in one line, before anything is allocated, a run whose ES state does not fit beside the model
+    (``memory_need`` against the free memory of the model's device: CUDA's ``mem_get_info``, else the RAM
+    available). ``free_bytes``: what is free (tests); None reads the machine."""
+    need = memory_need(model, cfg)
+    if not need:
+        return
+    device = next(model.parameters()).device
+    if free_bytes is None:
+        from evolm import machine
+
+        if device.type == "cuda":
+            free_bytes = int(machine.cuda_free_fraction(str(device))[0] * 2**30)
+        elif device.type == "cpu":
+            free_bytes = int(machine.available_ram_gb() * 2**30)
+        else:
+            return
+    total = sum(need.values())
+    if total > free_bytes:
+        parts = " + ".join(f"{v / 2**30:.1f} GiB {k}" for k, v in need.items())
+        fixes = (["es.noise='counter' (no table)"] if "noise table" in need else []) + \
+                (["model.dtype='float32' on the CPU (no masters)"] if "float32 masters" in need and device.type == "cpu" else []) + \
+                ["a smaller model or a device with more free memory"]
+        where = "GPU" if device.type == "cuda" else "RAM"
+        raise ConfigError(f"ES needs {parts} on {device} beside the model, but {free_bytes / 2**30:.1f} GiB of {where} "
+                          f"is free; use {', or '.join(fixes)}")
+
+
 def build_paramset(model, cfg, header: dict | None = None, generator: Generator | None = None) -> ParamSet:
     """The ``ParamSet`` of the parameters ``es.params`` / ``es.param_regex`` select, with the run's noise.
 
