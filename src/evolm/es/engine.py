@@ -283,11 +283,11 @@ def train(cfg, comps, run: RunDir, start, params: ParamSet, *, probe: Callable |
     if start.checkpoint is not None:  # a checkpoint, or final/ of a finished run being extended
         load_weights(model, start.checkpoint)
         load_masters(params, start.checkpoint, model)
-    if start.step and hasattr(params, "replay_shadow"):  # reference arithmetic: the exact shadow of the updates so far
-        params.replay_shadow([r for r in run.seed_log() if "iteration" in r and int(r["step"]) <= start.step])
         totals = {"seconds_total": float(start.state.get("seconds_total", 0.0)),
                   "gen_sequences_total": int(start.state.get("gen_sequences_total", 0)),
                   "gen_tokens_total": int(start.state.get("gen_tokens_total", 0))}
+    if start.step and hasattr(params, "replay_shadow"):  # reference arithmetic: the exact shadow of the updates so far
+        params.replay_shadow([r for r in run.seed_log() if "iteration" in r and int(r["step"]) <= start.step])
     generator.sync_weights()
     path = params.perturb_path  # builds the fused kernel now (announced), so no timed record or ETA includes it
     population = (population_factory or make_population)(cfg, params, generator, task)

@@ -171,8 +171,13 @@ class ParamSet:
                 kern = fused.kernel() if self.masters is None and fused.usable_counter(live, self.noise.table) else None
             else:
                 eps = self._eps(k, iteration, direction)
-                if self.masters is not None:
-                    live.copy_((self.masters[k].view(-1) + eps * factor).view_as(live))  # product rounded, then added
+                if self.masters is not None:  # cast(master + d), product rounded then added, chunk by chunk
+                    _, _, d, _ = self._buffers(live.device)
+                    master = self.masters[k].view(-1)
+                    for a in range(0, flat.numel(), CHUNK):
+                        m = min(CHUNK, flat.numel() - a)
+                        torch.mul(eps[a:a + m], factor, out=d[:m])
+                        flat[a:a + m].copy_(master[a:a + m] + d[:m])
                     continue
                 kern = fused.kernel() if fused.usable(live, eps) else None
             if self.masters is not None:  # counter noise into a lower-precision model: cast(master + d)
