@@ -118,7 +118,7 @@ class ParamSet:
         self.names = names
         self.tensors = tensors
         self.in_place = all(t.dtype == torch.float32 for t in self.tensors)
-        self.masters = None if self.in_place else [t.detach().to(torch.float32).clone() for t in self.tensors]
+        self.masters = None if self.in_place else [t.detach().to(torch.float32, copy=True) for t in self.tensors]
         self._perturbed: tuple[int, int, int, float] | None = None
         self._corrections: list[tuple[int, torch.Tensor, torch.Tensor]] = []
         self._deferred: list[tuple[int, list[float], float]] = []
