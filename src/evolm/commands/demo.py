@@ -35,8 +35,8 @@ def demo_config_text() -> str:
 
 def register(sub) -> None:
     p = sub.add_parser("demo", help="short ES run on the embedded SmolLM2-135M with before/after pass@k",
-                       description="ES on the embedded SmolLM2-135M-Instruct on 2-digit arithmetic (about ten minutes "
-                                   "on one CPU core): held-out greedy accuracy and pass@k before and after, and the run directory. "
+                       description="ES on the embedded SmolLM2-135M-Instruct on 2-digit arithmetic (about 5 minutes on "
+                                   "2 CPU cores, 8 on one): held-out greedy accuracy and pass@k before and after, and the run directory. "
                                    "Device, dtype, threads and Ray actors are chosen for this machine (printed at the start as "
                                    "'[evolm] parallelism: ...'); --set distributed.workers=0 --set model.threads=1 runs one "
                                    "process on one thread (same training result).")
