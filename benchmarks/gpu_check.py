@@ -421,7 +421,9 @@ def check_memory_and_timing(args, model, tokenizer, device: str) -> tuple[dict, 
                    es_peak_over_target=es_peak / target, es_peak_over_inference=es_peak / inference_peak,
                    es_peak_mb=es_peak / 2**20, inference_peak_mb=inference_peak / 2**20, measured_by="torch.cuda.max_memory_allocated")
     else:
-        mem.update(masters_rss_bytes_per_param=(rss1 - rss0) * 2**20 / numel, rss_before_masters_mb=rss0,
+        held = sum(m.numel() * m.element_size() for m in (params.masters or []))
+        mem.update(masters_bytes_per_param=held / numel,  # what the masters hold; the RSS growth below can be 0
+                   masters_rss_bytes_per_param=(rss1 - rss0) * 2**20 / numel, rss_before_masters_mb=rss0,  # (freed pages reused)
                    rss_after_masters_mb=rss1, peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                    measured_by="RSS growth while building the float32 masters (/proc/self/status); "
                                "whole-run peaks: benchmarks/memory_per_param.py")
@@ -529,8 +531,8 @@ def markdown(result: dict) -> str:
                           f"{mem['target_bytes_per_param']:.2f} (= {mem['model_dtype_bytes']} + 4 + KV): "
                           f"**{mem['es_peak_over_target']:.3f}x**; {mem['es_peak_over_inference']:.2f}x inference alone."]
         else:
-            lines += ["", f"Memory (CPU, {mem['measured_by']}): float32 masters "
-                          f"{mem['masters_rss_bytes_per_param']:.2f} B/param of RSS (target 4)."]
+            lines += ["", f"Memory (CPU, {mem['measured_by']}): float32 masters hold {mem['masters_bytes_per_param']:.2f} "
+                          f"B/param (target 4), {mem['masters_rss_bytes_per_param']:.2f} B/param of RSS growth."]
     tm = result.get("timing")
     if tm:
         lines += ["", f"Seconds per update ({tm['directions']} directions, {tm['params']:,} parameters): "
