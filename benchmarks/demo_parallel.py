@@ -35,6 +35,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ray_scaling import _wait_idle  # noqa: E402  (the same wait for an idle machine)
 ONE = ["distributed.workers=0", "model.threads=1"]
 
 
@@ -123,16 +125,6 @@ def main() -> None:
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
-
-
-def _wait_idle(minutes: float) -> float | None:
-    """Seconds waited for the load average to drop below 0.5 (None: it did not within ``minutes``)."""
-    t0 = time.time()
-    while os.getloadavg()[0] >= 0.5:
-        if time.time() - t0 > minutes * 60:
-            return None
-        time.sleep(15)
-    return round(time.time() - t0)
 
 
 if __name__ == "__main__":
