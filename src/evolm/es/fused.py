@@ -35,7 +35,8 @@ Design decisions:
   buffer for other consumers. The per-member loops (hash, lookup, perturb, restore) have AVX-512 and
   AVX2 clones chosen at run time (GCC ``target_clones``, GCC >= 11 on x86-64): integer ops and
   separately rounded float mul/add/sub only, so every clone gives the same bits (CPU time per element
-  of perturb + restore on this EPYC, 16M elements: 1.65 -> 1.2 ns, the table path 0.49 ns). AVX-512's
+  of perturb + restore on this EPYC, 16M elements, a scratch timing on a loaded machine: 1.65 -> 1.2 ns, the
+  table path 0.49 ns; measured alone, benchmarks/noise_sources.py). AVX-512's
   gather instruction was tried for the lookup and was slower than scalar loads here. The float
   arithmetic is the perturb's above, and the update rounds each product and sum on its own. Tested
   bit-identical to the torch ops.

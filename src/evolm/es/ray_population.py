@@ -31,7 +31,7 @@ Design decisions:
 - **Replicas stay bit-identical, checked on their device.** After loading and after every applied update
   each actor returns ``checksum.tensor_checksum`` per selected tensor (the float32 masters first when
   generation runs in lower precision, then the weights generation reads): an integer reduction of the
-  bit patterns computed where the tensor lives (no host copy on CUDA; ~0.1 s per 134M parameters on
+  bit patterns computed where the tensor lives (no host copy on CUDA; ~0.1 s (timed once, under load) per 134M parameters on
   one CPU thread). The first actor's answer is the reference for the others after an update (and
   whether the update applied: a non-finite update is refused by every replica alike); at start-up and
   when the driver catches up, the driver's copy is. Any difference stops the run with a one-line
