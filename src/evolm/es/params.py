@@ -122,7 +122,6 @@ class ParamSet:
         self._perturbed: tuple[int, int, int, float] | None = None
         self._corrections: list[tuple[int, torch.Tensor, torch.Tensor]] = []
         self._deferred: list[tuple[int, list[float], float]] = []
-        self._catching_up = False
 
     @property
     def numel(self) -> int:
@@ -261,7 +260,7 @@ class ParamSet:
         Returns False, and changes nothing, when the update would make any weight non-finite."""
         if self._perturbed is not None:
             raise RuntimeError("apply_update() while perturbed; restore() first")
-        if self._deferred and not self._catching_up:
+        if self._deferred:
             raise RuntimeError("apply_update() with deferred updates queued; catch_up() first")
         coefficients = [float(c) for c in coefficients]
         scale = float(scale)
@@ -287,19 +286,13 @@ class ParamSet:
         """Apply the queued updates in order (the same arithmetic as applying each when it came, so the
         weights are bit-identical); returns how many. An update the replicas applied but these weights
         refuse (non-finite) means the copies differ: RuntimeError."""
-        done = 0
-        self._catching_up = True
-        try:
-            while self._deferred:
-                iteration, coefficients, scale = self._deferred[0]
-                if not self.apply_update(iteration, coefficients, scale):
-                    raise RuntimeError(f"update {iteration + 1}, applied by the replicas, would make the driver's "
-                                       "weights non-finite: the driver's copy differs from theirs")
-                self._deferred.pop(0)
-                done += 1
-        finally:
-            self._catching_up = False
-        return done
+        pending, self._deferred = self._deferred, []
+        for done, (iteration, coefficients, scale) in enumerate(pending):
+            if not self.apply_update(iteration, coefficients, scale):
+                self._deferred = pending[done:]
+                raise RuntimeError(f"update {iteration + 1}, applied by the replicas, would make the driver's "
+                                   "weights non-finite: the driver's copy differs from theirs")
+        return len(pending)
 
     def _provably_finite(self, coefficients: list[float], scale: float) -> bool:
         """Whether ``max |theta| + |scale| * sum |c| * max |eps|`` stays below half of every finite range involved."""
