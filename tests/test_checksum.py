@@ -1,4 +1,4 @@
-"""Replica checksums (evolm/checksum.py) and the driver's deferred copy (ParamSet.defer_update / catch_up)."""
+"""Replica checksums (es/checksum.py) and the driver's deferred copy (ParamSet.defer_update / catch_up)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from evolm import config
-from evolm.checksum import CHUNK, reference_checksum, tensor_checksum
+from evolm.es.checksum import CHUNK, reference_checksum, tensor_checksum
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -50,10 +50,17 @@ from pathlib import Path
 import torch
 
 from evolm.backends.base import Completion, Generator, SamplingParams
-from evolm.checksum import tensor_checksum
 from evolm.seeding import derive_seed
 
 WORKER = "evolm.es.vllm_worker"  # vLLM imports it in its worker processes; never imported here
+
+
+_INT_VIEW = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
+
+
+def checksum(tensor: torch.Tensor) -> int:
+    """The int64 sum of a float tensor's bit patterns: equal for bit-identical tensors."""
+    return int(tensor.contiguous().view(_INT_VIEW[tensor.dtype]).sum(dtype=torch.int64))
 
 
 def digest(tensor: torch.Tensor) -> str:
@@ -138,7 +145,7 @@ class VLLMGenerator(Generator):
 
     def _mismatched(self) -> list[str]:
         params = _hf_parameters(self.model)
-        return [n for n in self._names if tensor_checksum(params[n]) != self._engine_sums[n]]
+        return [n for n in self._names if checksum(params[n].detach()) != self._engine_sums[n]]
 
     def _check_mapping(self) -> None:
         wrong = self._mismatched()
@@ -332,7 +339,7 @@ class EngineParamSet:
 
     def local_sum(self) -> int:
         local = self.local
-        return sum(tensor_checksum(t) for t in (local.masters if local.masters is not None else local.tensors))
+        return sum(checksum(t) for t in (local.masters if local.masters is not None else local.tensors))
 
     def worker_masters_sum(self) -> int:
         sums = self.generator.rpc("es_selected_checksum")
@@ -357,7 +364,7 @@ class EngineParamSet:
         return self.generator.rpc("es_checksums")[0]
 
     def engine_checksums(self) -> list[int]:
-        """The replica checksum (``evolm.checksum``) of every selected tensor as the engine holds it (its float32 masters first when kept,
+        """The replica checksum (``es.checksum``) of every selected tensor as the engine holds it (its float32 masters first when kept,
         then the live weights it generates from), in ParamSet order, computed inside the worker: what a
         Ray actor reports, so the driver checks the engine's weights, not the actor's HF mirror."""
         sums = self.generator.rpc("es_replica_checksums")

@@ -29,7 +29,7 @@ Design decisions:
   actors' checksums. Cost: one model's memory in the driver (for SmolLM2-135M on CPU ~0.7 GB), and the
   catch-up at those points.
 - **Replicas stay bit-identical, checked on their device.** After loading and after every applied update
-  each actor returns ``evolm.checksum.tensor_checksum`` per selected tensor (the float32 masters first when
+  each actor returns ``checksum.tensor_checksum`` per selected tensor (the float32 masters first when
   generation runs in lower precision, then the weights generation reads): an integer reduction of the
   bit patterns computed where the tensor lives (no host copy on CUDA; ~0.1 s (timed once, under load) per 134M parameters on
   one CPU thread). The first actor's answer is the reference for the others after an update (and
@@ -94,7 +94,7 @@ from evolm import models
 from evolm.backends import engine_options, make_generator
 from evolm.errors import UserError
 from evolm.es import fused
-from evolm.checksum import tensor_checksum
+from evolm.es.checksum import tensor_checksum
 from evolm.es.engine import load_masters, save_masters, build_paramset, float32_model
 from evolm.es.population import NON_FINITE_WEIGHTS, LocalPopulation, MemberScores
 from evolm.es.update import Update
@@ -120,7 +120,7 @@ class DistributedError(UserError):
 # -- pure helpers -----------------------------------------------------------------------------------
 
 def weights_checksum(params) -> list[int]:
-    """``evolm.checksum.tensor_checksum`` of every selected tensor in ``params`` order, computed on the tensor's
+    """``checksum.tensor_checksum`` of every selected tensor in ``params`` order, computed on the tensor's
     device: the float32 masters first when kept, then the weights generation reads. A replica whose
     ``ParamSet`` lives in a vLLM engine (``EngineParamSet``) reports the engine's own tensors, computed
     inside its worker (``es_replica_checksums``)."""

@@ -33,8 +33,8 @@ from __future__ import annotations
 
 import torch
 
-from evolm.backends.vllm import digest
-from evolm.checksum import tensor_checksum
+from evolm.backends.vllm import checksum, digest
+from evolm.es.checksum import tensor_checksum
 from evolm.es.noise import noise_from_header
 from evolm.es.params import ParamSet
 
@@ -129,7 +129,7 @@ class ESWorkerExtension:
 
     def es_selected_checksum(self) -> int:
         p = self._es_params
-        return sum(tensor_checksum(t) for t in (p.masters if p.masters is not None else p.tensors))
+        return sum(checksum(t) for t in (p.masters if p.masters is not None else p.tensors))
 
     def es_replica_checksums(self) -> list[int]:
         """``tensor_checksum`` of every selected tensor in ParamSet order, on the worker's device: the float32
@@ -140,7 +140,7 @@ class ESWorkerExtension:
 
     def es_checksums(self) -> dict[str, int]:
         """Checksum of every mapped HF tensor (live weights, in the engine's dtype)."""
-        return {name: tensor_checksum(view) for name, view in self._es_views.items()}
+        return {name: checksum(view) for name, view in self._es_views.items()}
 
     def es_digests(self, names: list[str] | None = None) -> dict[str, str]:
         return {n: digest(self._es_views[n]) for n in (names or list(self._es_views))}

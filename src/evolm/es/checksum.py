@@ -1,10 +1,7 @@
 """Replica checksums computed where the tensor lives: an integer reduction of its bit patterns.
 
 A Ray population's replicas (and a vLLM engine's workers) must hold bit-identical weights; they prove it
-by reporting one number per selected tensor after every update (``ray_population.weights_checksum``),
-and the vLLM backend checks its mapping of HF tensors onto the engine's with the same function (one
-checksum for every comparison of weights across processes; it replaced a plain sum of bit patterns
-there, which could not see two values swapped).
+by reporting one number per selected tensor after every update (``ray_population.weights_checksum``).
 
 Design decisions:
 
