@@ -475,3 +475,54 @@ def test_resolved_config_round_trips_through_toml(tmp_path):
     path.write_text(config.to_toml(cfg))
     again = config.load(config.ESJob, path)
     assert again == cfg and again.task.params == {"digits": 3}
+
+
+def test_a_run_without_weights_resumes_by_replaying_its_seed_log(tmp_path, tokenizer, vowel_task):
+    """A run directory copied without checkpoints/ and final/ (committed under docs/, carried to another
+    session) continues after its last logged update, bit-identical to the run that was never stopped."""
+    import shutil
+
+    from conftest import make_tiny_model
+
+    from evolm.backends.hf import HFGenerator
+    from evolm.errors import UserError
+    from evolm.jobs import run_es
+    from evolm.runs import RunDir, atomic_write_jsonl
+
+    _, uninterrupted = _run(_tiny_cfg(tmp_path / "a", iterations=4), tokenizer, vowel_task)
+
+    class Kill(Exception):
+        pass
+
+    def kill_at_3(step, record):
+        if step == 3:
+            raise Kill
+
+    cfg_b = _tiny_cfg(tmp_path / "b", iterations=4)
+    cfg_b.run.checkpoint_every = 1
+    with pytest.raises(Kill):
+        _run(cfg_b, tokenizer, vowel_task, callbacks=(kill_at_3,))
+    run_b = RunDir.open(tmp_path / "b" / "run")
+    shutil.rmtree(run_b.checkpoint_dir)  # the weights stayed behind: only the logs travel
+    seconds_3 = [r for r in run_b.train_records() if r["step"] == 3][0]["seconds_total"]
+
+    torn = run_b.seed_log()
+    atomic_write_jsonl(run_b.seed_log_path, [torn[0], torn[1], torn[3]])  # update 2 missing
+    with pytest.raises(UserError, match="does not hold updates 1..3 in order"):
+        run_es(cfg_b, resume=run_b, model=make_tiny_model(tokenizer), tokenizer=tokenizer, task=vowel_task, quiet=True)
+    atomic_write_jsonl(run_b.seed_log_path, torn)
+    ray = _tiny_cfg(tmp_path / "b", iterations=4)
+    ray.distributed.workers = 2
+    with pytest.raises(UserError, match="resume with --set distributed.workers=0"):
+        run_es(ray, resume=run_b, model=make_tiny_model(tokenizer), tokenizer=tokenizer, task=vowel_task, quiet=True)
+
+    fresh = make_tiny_model(tokenizer)
+    run_es(cfg_b, resume=run_b, model=fresh, tokenizer=tokenizer, task=vowel_task,
+           generator=HFGenerator(fresh, tokenizer, 16), quiet=True)
+    for (n, p), (_, q) in zip(uninterrupted.named_parameters(), fresh.named_parameters()):
+        assert torch.equal(p, q), n
+    train = run_b.train_records()
+    assert [r["step"] for r in train] == [1, 2, 3, 4]  # 1-3 kept (replayed, not redone), 4 trained
+    assert train[-1]["seconds_total"] > seconds_3  # the totals continue from update 3's
+    assert [r["status"] for r in run_b.seed_log()[1:]] == ["applied"] * 4
+    assert run_b.config_history()[-1]["resumed_from"] == "update 3 (its seed log replayed: no checkpoint)"

@@ -255,3 +255,37 @@ def test_exact_and_reference_runs_refuse_each_others_seed_logs(tmp_path, tokeniz
 
     with pytest.raises(ConfigError, match="es.arithmetic='exact'"):
         replay(make_tiny_model(tokenizer).to(torch.bfloat16), run.seed_log(), exact)
+
+
+def test_a_reference_run_without_weights_resumes_by_replay_with_its_rounding(tmp_path, tokenizer, vowel_task):
+    """Replay-resume of a reference run redoes every member's perturb/restore (its rounding) and builds the
+    exact shadow once: weights, and the logged restore error, equal the uninterrupted run's."""
+    import shutil
+
+    from conftest import make_tiny_model
+
+    from evolm.backends.hf import HFGenerator
+    from evolm.jobs import run_es
+    from evolm.runs import RunDir
+
+    run_a, straight = _run(_cfg(tmp_path / "a"), tokenizer, vowel_task)
+
+    class Kill(Exception):
+        pass
+
+    def kill_at_3(step, record):
+        if step == 3:
+            raise Kill
+
+    cfg_b = _cfg(tmp_path / "b", checkpoint_every=2)
+    with pytest.raises(Kill):
+        _run(cfg_b, tokenizer, vowel_task, callbacks=(kill_at_3,))
+    run_b = RunDir.open(tmp_path / "b" / "run")
+    shutil.rmtree(run_b.checkpoint_dir)
+    fresh = make_tiny_model(tokenizer).to(torch.bfloat16)
+    run_es(cfg_b, resume=run_b, model=fresh, tokenizer=tokenizer, task=vowel_task,
+           generator=HFGenerator(fresh, tokenizer, 16), quiet=True)
+    for (n, p), (_, q) in zip(straight.named_parameters(), fresh.named_parameters()):
+        assert torch.equal(p.view(torch.int16), q.view(torch.int16)), n
+    first = [r["ref_error_rel"] for r in run_a.train_records()]
+    assert [r["ref_error_rel"] for r in run_b.train_records()] == first  # step 4's shadow was not doubled

@@ -104,9 +104,15 @@ class Start:
     state: dict = field(default_factory=dict)
     done: bool = False
     """The run has finished with this budget already: nothing to train, nothing is rewritten."""
+    replay: bool = False
+    """No weights to load: the loop first re-applies the seed log's updates 1..``step`` to the base weights
+    (``es.engine.replay_into``; ES only, ``Resumable.from_seed_log``). A run directory copied without its
+    weights (committed under docs/, carried to another machine or session) continues where it stopped."""
 
     def describe(self) -> str:
         if self.checkpoint is None:
+            if self.replay:
+                return f"update {self.step} (its seed log replayed: no checkpoint)"
             return "the start (no checkpoint)" if self.step == 0 else f"update {self.step}"
         where = "final/" if self.checkpoint.name == "final" else f"checkpoint {self.checkpoint.name}"
         return f"update {self.step} ({where})"
@@ -150,9 +156,12 @@ class Resumable:
     """The loop can continue from ``final/`` (ES: weights are the whole state); else only from a checkpoint."""
     where: str = ""
     """How to say where a resume continues, when not from one checkpoint (pipelines: stage by stage)."""
+    from_seed_log: bool = False
+    """With no checkpoint and no ``final/``, the loop can rebuild the weights from the seed log (ES: the log is
+    the whole state) and continue after its last logged update, instead of starting again from update 0."""
 
 
-ES_RESUME = Resumable("es.iterations", may_change=("run.budget",), from_final=True)
+ES_RESUME = Resumable("es.iterations", may_change=("run.budget",), from_final=True, from_seed_log=True)
 GRPO_RESUME = Resumable("grpo.steps", may_change=("run.budget",))
 
 
@@ -206,7 +215,30 @@ def resume_point(cfg, kind: str, run: RunDir, rules: Resumable) -> Start:
     partial = run.final_state() if rules.from_final else None  # final/ written, then killed before "finished"
     if partial is not None and checkpoint.step < int(partial.get("step", -1)) <= budget:
         return Start(int(partial["step"]), run.path / "final", partial)
+    if rules.from_seed_log and found is None:
+        replayed = seed_log_point(run)
+        if replayed is not None:
+            return replayed
     return checkpoint
+
+
+def seed_log_point(run: RunDir) -> Start | None:
+    """Where a run without weights continues by replay: its last update logged in both ``seed_log.jsonl``
+    and ``metrics.jsonl`` (a kill between the two writes loses that update, which is redone), with that
+    record's running totals as the state; None when it logged no update. The seed log must be gapless
+    from update 1 (a torn or hand-edited log is refused: replaying it would not rebuild the run's weights)."""
+    steps = [int(r["step"]) for r in run.seed_log() if "iteration" in r]
+    if not steps:
+        return None
+    if steps != list(range(1, len(steps) + 1)):
+        raise UserError(f"{run.path}/seed_log.jsonl does not hold updates 1..{max(steps)} in order, so its weights "
+                        "cannot be rebuilt by replay; restore the run's seed log, or start a new run")
+    records = {int(r["step"]): r for r in run.train_records()}
+    step = max((s for s in steps if s in records), default=0)
+    if step == 0:
+        return None
+    state = {k: records[step][k] for k in ("seconds_total", "gen_sequences_total", "gen_tokens_total") if k in records[step]}
+    return Start(step, None, {"step": step, **state}, replay=True)
 
 
 def _exact_final(run: RunDir, final: dict | None) -> bool:
@@ -391,21 +423,28 @@ def done_note(run: RunDir, save: str, method: str) -> str:
 
 def run_es(cfg, resume=None, *, model=None, tokenizer=None, task: Task | None = None, generator: Generator | None = None,
            run_dir=None, probe: Callable | None = None, callbacks: tuple[Callable, ...] = (), quiet: bool = False,
-           eval_before: dict | None = None) -> RunDir:
+           eval_before: dict | None = None, population_factory: Callable | None = None) -> RunDir:
     """Run (or resume) ES post-training described by ``cfg`` (an ``ESJob``); returns the run directory.
 
     ``model``/``tokenizer``/``task``/``generator`` may be injected (tests, pipelines); otherwise they
     are built from the config. ``callbacks`` are called as ``cb(step, record)`` after every update.
     ``probe(model, step) -> dict`` (default: ``heldout.make_probe`` from ``[probe]``) is logged as a
     ``kind="probe"`` record at step 0, every ``probe.every`` updates and at the end.
+    ``population_factory(cfg, params, generator, task)``: who scores the members in this process
+    (``es.engine.train``'s; e.g. experiments/refnum/null_walk.py's seeded random fitness); refused with
+    Ray actors, which bring their own.
     """
     say = say_for(quiet)
     config_mod.validate(cfg)
+    if population_factory is not None and cfg.distributed.workers >= 2:
+        raise UserError("a population_factory scores members in this process; set distributed.workers=0")
     ray_population.check_local_gpus(cfg)  # GPUs a private Ray instance cannot give: refused before anything loads
     if resume is not None:
         resume = resume if isinstance(resume, RunDir) else RunDir.open(resume)
-        if resume_point(cfg, es_engine.METHOD, resume, ES_RESUME).done:  # before loading anything
+        point = resume_point(cfg, es_engine.METHOD, resume, ES_RESUME)
+        if point.done:  # before loading anything
             return open_run(cfg, es_engine.METHOD, resume=resume, rules=ES_RESUME, say=say)[0]
+        check_replay_resume(cfg, resume, point)
     comps = build_components(cfg, model=model, tokenizer=tokenizer, task=task, generator=generator)
     es_engine.check_training_data(cfg, comps.task)
     check_rewards(comps.task, comps.tokenizer)
@@ -423,7 +462,7 @@ def run_es(cfg, resume=None, *, model=None, tokenizer=None, task: Task | None = 
     say(f"[evolm] {config_mod.parallelism(cfg)}")
     with marking_failures(run), tracking(cfg, run, es_engine.METHOD, start):
         probe = start_measurements(cfg, comps, run, start, es_engine.METHOD, probe=probe, eval_before=eval_before, say=say)
-        factory = None
+        factory = population_factory
         if cfg.distributed.workers >= 2:  # K Ray actors (evolm.es.ray_population): they need the model's source
             factory = ray_population.factory(comps, run, checkpoint=start.checkpoint, header=header,
                                              injected=model is not None, say=say)
@@ -433,6 +472,23 @@ def run_es(cfg, resume=None, *, model=None, tokenizer=None, task: Task | None = 
     if generator is None:  # built here: release it (a vLLM engine's processes)
         comps.generator.close()
     return run
+
+
+def check_replay_resume(cfg, run: RunDir, start: Start) -> None:
+    """A resume that rebuilds its weights from the seed log (``Start.replay``) is tested in one process on
+    the HF backend (exact and reference arithmetic, full-rank and low-rank): anything else is refused in one
+    line (how a run is executed may change on resume, and the result is bit-identical)."""
+    if not start.replay:
+        return
+    workers = cfg.distributed.workers
+    why = (f"{run.path} has no checkpoint, so its weights would be rebuilt from its seed log (update {start.step}), "
+           "which is tested in one process on the HF backend only")
+    if cfg.generation.backend != "hf":
+        raise UserError(f"{why}; rebuild them with `evolm replay {run.path} --step {start.step}` and start a new run "
+                        "from that directory (--set model.spec=DIR)")
+    if isinstance(workers, int) and workers >= 2:
+        raise UserError(f"{why}; resume with --set distributed.workers=0 (the same weights), and set it back after the "
+                        "run's first checkpoint")
 
 
 def run_grpo(cfg, resume=None, *, model=None, tokenizer=None, task: Task | None = None, run_dir=None,

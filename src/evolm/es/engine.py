@@ -280,13 +280,18 @@ def train(cfg, comps, run: RunDir, start, params: ParamSet, *, probe: Callable |
     model, tokenizer, task, generator = comps.model, comps.tokenizer, comps.task, comps.generator
     es = cfg.es
     totals = {"seconds_total": 0.0, "gen_sequences_total": 0, "gen_tokens_total": 0}
-    if start.checkpoint is not None:  # a checkpoint, or final/ of a finished run being extended
-        load_weights(model, start.checkpoint)
-        load_masters(params, start.checkpoint, model)
+    if start.replay:  # a run directory without weights: its seed log rebuilds them, bit for bit
+        t0 = time.perf_counter()
+        replay_into(params, [r for r in run.seed_log() if int(r.get("step", 0)) <= start.step], cfg)
+        say(f"[evolm] rebuilt the weights at update {start.step} from the seed log in {time.perf_counter() - t0:.0f} s")
+    if start.checkpoint is not None or start.replay:  # a checkpoint, final/ of a finished run being extended, or replay
+        if start.checkpoint is not None:
+            load_weights(model, start.checkpoint)
+            load_masters(params, start.checkpoint, model)
         totals = {"seconds_total": float(start.state.get("seconds_total", 0.0)),
                   "gen_sequences_total": int(start.state.get("gen_sequences_total", 0)),
                   "gen_tokens_total": int(start.state.get("gen_tokens_total", 0))}
-    if start.step and hasattr(params, "replay_shadow"):  # reference arithmetic: the exact shadow of the updates so far
+    if start.step and not start.replay and hasattr(params, "replay_shadow"):  # reference: the exact shadow so far (replay_into built it)
         params.replay_shadow([r for r in run.seed_log() if "iteration" in r and int(r["step"]) <= start.step])
     generator.sync_weights()
     path = params.perturb_path  # builds the fused kernel now (announced), so no timed record or ETA includes it
@@ -380,8 +385,16 @@ def replay(model, seed_log: list[dict], cfg) -> ParamSet:
     The noise is rebuilt from the log's header (checked against ``cfg``). With reference arithmetic
     (``es.arithmetic = "reference"``) restore is not exact, so every logged iteration's members are
     perturbed and restored again, in layout order, before its update: the run's rounding, bit for bit."""
+    params = build_paramset(model, cfg, seed_log_header(seed_log))
+    replay_into(params, seed_log, cfg)
+    return params
+
+
+def replay_into(params: ParamSet, seed_log: list[dict], cfg) -> None:
+    """Apply ``seed_log``'s updates, in order, to ``params`` (built on the base weights with the log's
+    header): ``replay``'s loop, also the start of a resume without weights (``jobs.Start.replay``). With
+    reference arithmetic every logged iteration's members are perturbed and restored first (its rounding)."""
     header = seed_log_header(seed_log)
-    params = build_paramset(model, cfg, header)
     reference = cfg.es.arithmetic == "reference"
     layout = [tuple(m) for m in header["layout"]] if reference else []
     for record in seed_log:
@@ -392,4 +405,3 @@ def replay(model, seed_log: list[dict], cfg) -> ParamSet:
         if record.get("status") == "applied":
             if not params.apply_update(int(record["iteration"]), record["coefficients"], float(record["scale"])):
                 raise ValueError(f"seed-log update {record.get('step')} would make weights non-finite")
-    return params
