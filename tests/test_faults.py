@@ -110,10 +110,10 @@ def test_es_survives_kills_at_every_stage_and_extends_bit_identically(tmp_path, 
     assert out.rc == 130 and "interrupted" in out.log, out.log
     assert info()["status"] == "interrupted" and info()["stopped_at_step"] >= 1
 
-    # SIGTERM (a scheduler) once the resume has made an update: same clean stop, exit 143
+    # SIGTERM (a scheduler) once the resume (no checkpoint yet: update 1 rebuilt from the seed log) is running
     def resumed_update():
         try:
-            return info().get("resumed_from_step") == 0 and info()["status"] == "running" and 1 in train_steps(run)
+            return info().get("resumed_from_step") == 1 and info()["status"] == "running" and 1 in train_steps(run)
         except (OSError, ValueError):
             return False
 
@@ -126,17 +126,21 @@ def test_es_survives_kills_at_every_stage_and_extends_bit_identically(tmp_path, 
     assert out.rc == KILLED and any(p.startswith("checkpoints/.step_000002.") for p in temporaries(run))
     assert info()["status"] == "running"
 
-    # kill -9 with checkpoints/LATEST written to its temporary file, not yet renamed
-    out = run_cli(resume, tmp_path / "4.log", prepare=kill_on_replace(r"checkpoints/LATEST$"))
-    assert out.rc == KILLED and "resuming" in out.log and "removed checkpoints/.step_000002." in out.log
-    assert (run / "checkpoints" / "step_000002").is_dir() and not (run / "checkpoints" / "LATEST").exists()
+    # no checkpoint survives, so the resume rebuilds update 2 from the seed log; with a checkpoint every update
+    # now (a field a resume may change), kill -9 with checkpoints/LATEST of update 3 written to its temporary
+    # file, not yet renamed
+    out = run_cli([*resume, "--set", "run.checkpoint_every=1"], tmp_path / "4.log",
+                  prepare=kill_on_replace(r"checkpoints/LATEST$"))
+    assert out.rc == KILLED and "removed checkpoints/.step_000002." in out.log, out.log
+    assert "from update 2 (its seed log replayed: no checkpoint)" in out.log, out.log
+    assert (run / "checkpoints" / "step_000003").is_dir() and not (run / "checkpoints" / "LATEST").exists()
 
-    # kill -9 in the middle of update 3's generation (the resume starts from step_000002 found without LATEST)
+    # kill -9 in the middle of update 4's generation (the resume starts from step_000003 found without LATEST)
     out = run_cli(resume, tmp_path / "5.log", prepare=kill_on_call(HFGenerator, "generate", 2))
-    assert out.rc == KILLED and "from update 2 (checkpoint step_000002)" in out.log, out.log
+    assert out.rc == KILLED and "from update 3 (checkpoint step_000003)" in out.log, out.log
 
     # kill -9 halfway through writing update 4's metrics line (a torn record)
-    out = run_cli(resume, tmp_path / "6.log", prepare=kill_mid_append("metrics.jsonl", 2))
+    out = run_cli(resume, tmp_path / "6.log", prepare=kill_mid_append("metrics.jsonl", 1))
     assert out.rc == KILLED and not (run / "metrics.jsonl").read_text().endswith("\n")
 
     # kill -9 with final/ complete in its temporary directory, not yet renamed
@@ -158,7 +162,7 @@ def test_es_survives_kills_at_every_stage_and_extends_bit_identically(tmp_path, 
     assert {p: p.stat().st_mtime_ns for p in run.rglob("*") if p.is_file()} == before
 
     # extend to 6 updates, killed between the two renames that swap the old final/ for the new one
-    out = run_cli([*resume, "--set", "es.iterations=6"], tmp_path / "10.log",
+    out = run_cli([*resume, "--set", "es.iterations=6", "--set", "run.checkpoint_every=2"], tmp_path / "10.log",
                   prepare=kill_on_replace(r"/\.final\.old$", src=r"/final$", when="after"))
     assert out.rc == KILLED and not (run / "final").exists() and (run / ".final.old").is_dir()
     out = run_cli(resume, tmp_path / "11.log")  # puts the old final/ back, continues from it (update 4)
@@ -176,7 +180,9 @@ def test_es_survives_kills_at_every_stage_and_extends_bit_identically(tmp_path, 
     assert r.info()["status"] == "finished" and r.info()["steps"] == 6 and temporaries(run) == []
     history = r.config_history()
     assert [h["event"] for h in history] == ["create"] + ["resume"] * 10
-    assert [h["changes"] for h in history if h["changes"]] == [{"es.iterations": {"old": 4, "new": 6}}]
+    assert [h["changes"] for h in history if h["changes"]] == [{"run.checkpoint_every": {"old": 2, "new": 1}},
+                                                                {"es.iterations": {"old": 4, "new": 6},
+                                                                 "run.checkpoint_every": {"old": 1, "new": 2}}]
     assert r.config()["es"]["iterations"] == 6
 
     # what a resume refuses, before it changes anything

@@ -11,6 +11,9 @@
 #   bash experiments/refnum/run.sh             # everything not done yet, then the analyses
 #   bash experiments/refnum/run.sh smollm2     # the SmolLM2 runs and their analyses only
 #   bash experiments/refnum/run.sh analyses    # the analyses of whatever has finished
+#   bash experiments/refnum/run.sh null        # ES's arithmetic alone (null_walk.py: seeded random fitness, no
+#                                              # generation), 240 SmolLM2 / 60 Gemma updates, analysed and summarised
+#                                              # into docs/study/refnum/ (~3.5 CPU-hours; the reference arms are 30-60 s/update)
 #   ITERATIONS=1 POPULATION=4 PERMUTATIONS=2 OUT=runs/refnum-smoke bash experiments/refnum/run.sh smollm2   # a smoke of the plumbing
 #
 # Cost, one thread, estimated from 1-2 update smokes (N = 4) on the shared 2-core machine: ~25 CPU-hours
@@ -44,7 +47,7 @@ run() {  # run KIND NAME: start experiments/refnum/NAME.toml, resume it, or skip
   echo "$name: $(date -u +%H:%M:%S) finished"
 }
 
-analyse() {  # analyse DIR LABEL=RUN...: drift, localisation and magnitude of the finished runs among them
+analyse() {  # analyse DIR LABEL=RUN...: drift, localisation, magnitude and sparsity of the finished runs among them
   local dir=$1 args=() pair; shift
   for pair in "$@"; do [ -f "$OUT/${pair#*=}/final/config.json" ] && args+=(--trained "${pair%%=*}=$OUT/${pair#*=}"); done
   [ ${#args[@]} -gt 0 ] || return 0
@@ -52,6 +55,28 @@ analyse() {  # analyse DIR LABEL=RUN...: drift, localisation and magnitude of th
   [ -f "$dir/drift.json" ] || "$PY" -m evolm analyze drift "${args[@]}" --out "$dir"
   [ -f "$dir/localisation.json" ] || "$PY" -m evolm analyze localisation "${args[@]}" --k 100 --k 144 --out "$dir"
   [ -f "$dir/magnitude.json" ] || "$PY" -m evolm analyze magnitude "${args[@]}" --k 100 --permutations "${PERMUTATIONS:-20}" --out "$dir"
+  # τ = m x the single-update RMS lr / sqrt(N) = 5e-4 / sqrt(30) (the paper's "a threshold within the magnitude range
+  # of a single ES update"); counts only (--no-eval): the random-walk prediction is erf(m / sqrt(2T))
+  [ -f "$dir/sparsity.json" ] || "$PY" -m evolm analyze sparsity "${args[@]}" --no-eval --tau-scale 9.128709291752768e-05 \
+    --multipliers 0.25,0.5,1,2,4,8 --out "$dir"
+}
+
+null() {  # the same configs, seeded random fitness, no generation (null_walk.py): ES's arithmetic alone, 240 / 60 updates
+  local name it
+  for name in smollm2-es-exact-f32 smollm2-es-exact-bf16 smollm2-es-reference-bf16 gemma-es-exact-f32 gemma-es-reference-bf16; do
+    it=240; [[ $name == gemma-* ]] && it=60
+    if [ -f "$OUT/$name-null/final/config.json" ]; then echo "$name-null: done"; continue; fi
+    echo "$name-null: $(date -u +%H:%M:%S) start"
+    if [ -f "$OUT/$name-null/config.toml" ]; then  # killed: resume (from a checkpoint, or by replaying the seed log)
+      "$PY" experiments/refnum/null_walk.py --resume "$OUT/$name-null" --iterations "$it" > "$OUT/$name-null.log" 2>&1
+    else
+      "$PY" experiments/refnum/null_walk.py "experiments/refnum/$name.toml" --iterations "$it" --out-dir "$OUT" > "$OUT/$name-null.log" 2>&1
+    fi
+  done
+  for name in smollm2-es-exact-f32 smollm2-es-exact-bf16 smollm2-es-reference-bf16 gemma-es-exact-f32 gemma-es-reference-bf16; do
+    analyse "$OUT/analyses/$name-null" "${name#*-es-}=$name-null"  # one directory per run: each is analysed when it ends
+  done
+  "$PY" experiments/refnum/summarise.py "$OUT" --out docs/study/refnum
 }
 
 smollm2() {
@@ -85,9 +110,10 @@ PYEOF
 }
 
 case "${1:-all}" in
+  null) null ;;
   smollm2) smollm2; analyses ;;
   gemma) gemma; analyses ;;
   analyses) analyses ;;
   all) smollm2; gemma; analyses ;;
-  *) echo "usage: $0 [all|smollm2|gemma|analyses]" >&2; exit 2 ;;
+  *) echo "usage: $0 [all|null|smollm2|gemma|analyses]" >&2; exit 2 ;;
 esac
