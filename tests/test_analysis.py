@@ -646,3 +646,21 @@ def test_curve_problem_files_with_a_shared_base(tmp_path):
                                                            "trained": "sparsity/grpo_trained.json"}
     assert result["models"]["grpo"]["points"][0]["problems_file"] == "sparsity/grpo_x0.5.json"
     assert json.loads((tmp_path / "sparsity" / "es_base.json").read_text())["problems"] == [{"id": "p0", "greedy_correct": False}]
+
+
+def test_a_top_k_cut_inside_a_tie_reports_the_whole_tied_set():
+    """bfloat16 updates take few distinct values: when the k-th |Δ| is shared, the top k is a tie-break by
+    tensor name, and ``at_least_kth`` counts every coordinate at or above it, by category."""
+    from evolm.analysis.localisation import top_k_localisations
+
+    base = {"a.embed_tokens.weight": torch.zeros(50), "b.layers.0.mlp.up_proj.weight": torch.zeros(200),
+            "b.layers.0.input_layernorm.weight": torch.zeros(10)}
+    trained = {"a.embed_tokens.weight": torch.full((50,), 0.5), "b.layers.0.mlp.up_proj.weight": torch.full((200,), 0.5),
+               "b.layers.0.input_layernorm.weight": torch.full((10,), 0.25)}
+    loc = top_k_localisations(base, trained, [20, 260])
+    assert loc[20]["by_category"]["embedding"] == 20 and loc[20]["tied"]  # the alphabetically first tensor's
+    tie = loc[20]["at_least_kth"]
+    assert tie["num_coordinates"] == 250 and tie["by_category"]["embedding"] == 50 and tie["by_category"]["mlp"] == 200
+    assert tie["by_category"]["norm"] == 0 and tie["enrichment"]["mlp"]["observed"] == 200
+    untied = loc[260]  # every changed coordinate: nothing is cut
+    assert not untied["tied"] and untied["at_least_kth"]["num_coordinates"] == 260

@@ -16,7 +16,13 @@ Design decisions:
 - Exact global top-k without concatenating the model: each tensor contributes its own top
   ``min(k, numel)`` candidates, and the global top k is taken among the candidates.
 - Ties are broken deterministically (larger |Δ| first, then parameter name, then flat index), so the
-  same checkpoints always give the same list.
+  same checkpoints always give the same list. But a tie-broken top k says nothing about where large
+  updates are: in bfloat16, |Δ| takes few distinct values (multiples of each weight's ulp), and after
+  120 reference-arithmetic updates on SmolLM2-135M 33,355 coordinates share the 100th value (2^-7), so
+  "the top 100" would be the alphabetically first tensors' (embeddings, then layer 0's MLP). Every k
+  therefore also reports ``at_least_kth``: all coordinates with |Δ| ≥ the k-th value, counted by
+  category with their own enrichment, and ``tied``: whether that set is larger than k (then read it,
+  not the top-k counts).
 - The null's population is the coordinates the run trained (``scope``: an ES run's perturbed tensors,
   from its seed-log header; default all), so restricting ES to some categories does not make the
   others look depleted. Only coordinates that changed can be selected; when fewer than k changed, the
@@ -74,7 +80,25 @@ def top_k_localisations(base: dict, trained: dict, ks, scope=None) -> dict:
         values, idx = values[keep], idx[keep]
         candidates += zip(values.tolist(), [name] * len(idx), idx.tolist(), d[idx].tolist())
     candidates.sort(key=lambda c: (-c[0], c[1], c[2]))
-    return {k: _summarise(base, trained, candidates[:k], k, population) for k in ks}
+    out = {k: _summarise(base, trained, candidates[:k], k, population) for k in ks}
+    for k, loc in out.items():
+        loc["at_least_kth"] = _at_least(base, trained, loc["kth_abs_delta"], population) if loc["num_selected"] else {}
+        loc["tied"] = bool(loc["at_least_kth"]) and loc["at_least_kth"]["num_coordinates"] > loc["num_selected"]
+    return out
+
+
+def _at_least(base: dict, trained: dict, threshold: float, population: dict) -> dict:
+    """Every coordinate with |Δ| ≥ ``threshold`` (> 0), counted by category, with its enrichment against
+    the trained coordinates: what a top k cut inside a tie really selects from."""
+    import torch
+
+    by_category = {c: 0 for c in CATEGORIES}
+    for name in sorted(base):
+        d = (trained[name].to(torch.float32) - base[name].to(torch.float32)).abs()
+        by_category[param_category(name)] += int((d >= threshold).sum())
+    n = sum(by_category.values())
+    return {"threshold": threshold, "num_coordinates": n, "by_category": by_category,
+            "enrichment": top_k_enrichment(by_category, n, population["by_category"]) if n else {}}
 
 
 def parameter_counts(state: dict, scope=None) -> dict:

@@ -246,6 +246,11 @@ def _cmd_localisation(args) -> int:
                                f"p {format_p(e['p_enriched'] if e['observed'] >= e['expected'] else e['p_depleted'])})"
                                for c, e in loc["enrichment"]["by_category"].items() if e["observed"] or e["expected"] >= 1)
             print(f"{label} top-{k}: {counts} (max |Δ| {loc['max_abs_delta']:.3g})")
+            if loc.get("tied"):  # the k-th value is shared: the top k is a tie-break, the set at or above it is the finding
+                tie = loc["at_least_kth"]
+                shares = ", ".join(f"{c} {e['observed']} ({e['enrichment']:.3g}x)" for c, e in tie["enrichment"].items() if e["observed"])
+                print(f"{label} top-{k} is cut inside a tie: {tie['num_coordinates']:,} coordinates have |Δ| >= the "
+                      f"{k}-th value {tie['threshold']:.3g}: {shares}")
     _report(*_write(args.out, "localisation", result))
     return 0
 
