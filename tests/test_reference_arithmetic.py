@@ -289,3 +289,39 @@ def test_a_reference_run_without_weights_resumes_by_replay_with_its_rounding(tmp
         assert torch.equal(p.view(torch.int16), q.view(torch.int16)), n
     first = [r["ref_error_rel"] for r in run_a.train_records()]
     assert [r["ref_error_rel"] for r in run_b.train_records()] == first  # step 4's shadow was not doubled
+
+
+def test_the_null_walk_trains_without_generating_and_replays_bit_for_bit(tmp_path, tokenizer, vowel_task):
+    """experiments/refnum/null_walk.py: seeded random fitness through run_es's population_factory; the
+    members are still perturbed and restored (reference arithmetic), nothing is generated, the weights
+    move, and `replay` (which knows nothing of the fitness) rebuilds them from the seed log."""
+    import importlib.util
+    from pathlib import Path
+
+    from conftest import make_tiny_model
+
+    from evolm.backends.hf import HFGenerator
+    from evolm.es.engine import replay
+    from evolm.jobs import run_es
+
+    path = Path(__file__).resolve().parents[1] / "experiments" / "refnum" / "null_walk.py"
+    spec = importlib.util.spec_from_file_location("null_walk", path)
+    null_walk = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(null_walk)
+    cfg = _cfg(tmp_path, iterations=3)
+    model = make_tiny_model(tokenizer).to(torch.bfloat16)
+    before = [p.detach().clone() for p in model.parameters()]
+
+    def factory(cfg, params, generator, task):
+        return null_walk.NullFitnessPopulation(params, generator, task, cfg.run.seed, reference=True)
+
+    run = run_es(cfg, model=model, tokenizer=tokenizer, task=vowel_task, generator=HFGenerator(model, tokenizer, 16),
+                 quiet=True, population_factory=factory)
+    train = run.train_records()
+    assert [r["gen_tokens"] for r in train] == [0, 0, 0] and all(r["seconds_restore"] > 0 for r in train)
+    assert all(r["update_status"] == "applied" and r["ref_error_rel"] > 0 for r in train)
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    again = make_tiny_model(tokenizer).to(torch.bfloat16)
+    replay(again, run.seed_log(), cfg)
+    for p, q in zip(model.parameters(), again.parameters()):
+        assert torch.equal(p.view(torch.int16), q.view(torch.int16))

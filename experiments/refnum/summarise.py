@@ -76,9 +76,13 @@ def summarise_run(run: Path, analyses: Path, at: int | None = None) -> dict:
     loc = _load(analyses / "localisation.json")
     if loc:
         m = next(iter(loc["models"].values()))
-        out["top_k"] = {k: {c: {f: m[k]["enrichment"]["by_category"][c][f] for f in
-                                ("observed", "expected", "enrichment", "enrichment_interval", "p_enriched")}
-                            for c in CATS} for k in ("100", "144") if k in m}
+        fields = ("observed", "expected", "enrichment", "enrichment_interval", "p_enriched")
+        out["top_k"] = {k: {c: {f: m[k]["enrichment"]["by_category"][c][f] for f in fields} for c in CATS}
+                        for k in ("100", "144") if k in m}
+        out["at_least_kth"] = {k: {"threshold": m[k]["at_least_kth"]["threshold"], "tied": m[k]["tied"],
+                                   "num_coordinates": m[k]["at_least_kth"]["num_coordinates"],
+                                   **{c: {f: m[k]["at_least_kth"]["enrichment"][c][f] for f in fields} for c in CATS}}
+                               for k in ("100", "144") if k in m and m[k].get("at_least_kth")}
     mag = _load(analyses / "magnitude.json")
     if mag:
         m = next(iter(mag["models"].values()))
@@ -92,22 +96,52 @@ def summarise_run(run: Path, analyses: Path, at: int | None = None) -> dict:
     return out
 
 
+def _below_1x(row: dict) -> float | None:
+    s = row.get("sparsity")
+    return s["fraction_below_of_nonzero"][s["multipliers"].index(1.0)] if s and 1.0 in s["multipliers"] else None
+
+
+def contrasts(rows: list[dict]) -> dict:
+    """Per model: the reference bf16 walk against the exact float32 walk at the same number of updates
+    (the float32 run's analyses at that update, replayed, when it ran longer): drift ratio, the share of
+    moved coordinates below τ = 1 × the single-update RMS (and its difference), the share that moved."""
+    out = {}
+    for ref in (r for r in rows if r["arithmetic"] == "reference" and "drift" in r):
+        exact = [r for r in rows if r["model"] == ref["model"] and r["arithmetic"] == "exact" and r["dtype"] == "float32"
+                 and r["updates"] == ref["updates"] and "drift" in r]
+        if not exact:
+            continue
+        e = exact[0]
+        a, b = _below_1x(ref), _below_1x(e)
+        out[ref["model"]] = {"updates": ref["updates"], "reference": ref["run"], "exact": e["run"],
+                             "drift_reference": ref["drift"]["relative_distance"], "drift_exact": e["drift"]["relative_distance"],
+                             "drift_ratio": ref["drift"]["relative_distance"] / e["drift"]["relative_distance"],
+                             "below_tau_reference": a, "below_tau_exact": b,
+                             "below_tau_difference": None if a is None or b is None else a - b,
+                             "moved_reference": ref["drift"]["changed_fraction"], "moved_exact": e["drift"]["changed_fraction"],
+                             "walk_prediction": math.erf(1 / math.sqrt(2 * ref["updates"]))}
+    return out
+
+
 def _f(x, fmt=".3g"):
     return "—" if x is None else format(x, fmt)
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| run | T | drift ‖Δ‖/‖θ0‖ | restore error's share of ‖Δ‖² | moved at all | below τ = 1×RMS (of moved) | walk erf(1/√2T) | top-100 norm / attn / mlp / emb | norm enrichment [95%] |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| run | T | drift ‖Δ‖/‖θ0‖ | ÷ exact walk's | ‖θ−θ*‖/‖θ*‖ (exact shadow) | moved at all | below τ = 1×RMS (of moved) "
+             "| walk erf(1/√2T) | top-100 norm / attn / mlp / emb (tie-broken) | coordinates ≥ 100th value: how many, norm / attn / mlp / emb enrichment |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        d, s, t = r.get("drift", {}), r.get("sparsity"), r.get("top_k", {}).get("100")
-        i = s["multipliers"].index(1.0) if s and 1.0 in s["multipliers"] else None
-        share = r.get("restore_error", {}).get("share_of_squared_drift")
+        d, t, tie = r.get("drift", {}), r.get("top_k", {}).get("100"), r.get("at_least_kth", {}).get("100")
+        below, s = _below_1x(r), r.get("sparsity")
+        walk = s["walk_prediction"][s["multipliers"].index(1.0)] if s else None
+        err = r.get("restore_error", {})
+        ratio = err.get("ref_moved_ratio")
         counts = " / ".join(str(t[c]["observed"]) for c in CATS) if t else "—"
-        norm = f"{t['norm']['enrichment']:.2f} [{t['norm']['enrichment_interval'][0]:.2f}, {t['norm']['enrichment_interval'][1]:.2f}]" if t else "—"
-        lines.append(f"| {r['run']} | {r['updates']} | {_f(d.get('relative_distance'))} | {_f(share, '.1%') if share is not None else '0 (exact)'} "
-                     f"| {_f(d.get('changed_fraction'), '.1%')} | {_f(s['fraction_below_of_nonzero'][i], '.1%') if i is not None else '—'} "
-                     f"| {_f(s['walk_prediction'][i], '.1%') if i is not None else '—'} | {counts} | {norm} |")
+        ties = (f"{tie['num_coordinates']:,}: " + " / ".join(_f(tie[c]["enrichment"], ".2g") for c in CATS)) if tie else "—"
+        lines.append(f"| {r['run']} | {r['updates']} | {_f(d.get('relative_distance'))} | {_f(ratio, '.3f') if ratio else '1 (exact)'} "
+                     f"| {_f(err.get('ref_error_rel'))} | {_f(d.get('changed_fraction'), '.1%')} | {_f(below, '.1%') if below is not None else '—'} "
+                     f"| {_f(walk, '.1%') if walk is not None else '—'} | {counts} | {ties} |")
     return "\n".join(lines) + "\n"
 
 
@@ -141,7 +175,8 @@ def main(argv=None) -> int:
                     shutil.copy2(f, adest / f.name)
             rows.append(summarise_run(run, earlier, at))
     rows.sort(key=lambda r: (r["model"], r["updates"], r["run"]))
-    (out / "summary.json").write_text(json.dumps({"runs": {r["run"]: r for r in rows}}, indent=1) + "\n")
+    (out / "summary.json").write_text(json.dumps({"runs": {r["run"]: r for r in rows}, "contrasts": contrasts(rows)},
+                                                 indent=1) + "\n")
     (out / "summary.md").write_text(markdown(rows))
     print((out / "summary.md").read_text())
     return 0
