@@ -81,24 +81,33 @@ def top_k_localisations(base: dict, trained: dict, ks, scope=None) -> dict:
         candidates += zip(values.tolist(), [name] * len(idx), idx.tolist(), d[idx].tolist())
     candidates.sort(key=lambda c: (-c[0], c[1], c[2]))
     out = {k: _summarise(base, trained, candidates[:k], k, population) for k in ks}
-    for k, loc in out.items():
-        loc["at_least_kth"] = _at_least(base, trained, loc["kth_abs_delta"], population) if loc["num_selected"] else {}
+    thresholds = sorted({loc["kth_abs_delta"] for loc in out.values() if loc["num_selected"]})
+    sets = _at_least(base, trained, thresholds, population)
+    for loc in out.values():
+        loc["at_least_kth"] = sets[loc["kth_abs_delta"]] if loc["num_selected"] else {}
         loc["tied"] = bool(loc["at_least_kth"]) and loc["at_least_kth"]["num_coordinates"] > loc["num_selected"]
     return out
 
 
-def _at_least(base: dict, trained: dict, threshold: float, population: dict) -> dict:
-    """Every coordinate with |Δ| ≥ ``threshold`` (> 0), counted by category, with its enrichment against
-    the trained coordinates: what a top k cut inside a tie really selects from."""
+def _at_least(base: dict, trained: dict, thresholds: list[float], population: dict) -> dict:
+    """For each threshold (> 0), every coordinate with |Δ| ≥ it, counted by category, with its enrichment
+    against the trained coordinates: what a top k cut inside a tie really selects from. One pass over
+    the weights for all thresholds."""
     import torch
 
-    by_category = {c: 0 for c in CATEGORIES}
+    counts = {t: {c: 0 for c in CATEGORIES} for t in thresholds}
     for name in sorted(base):
+        if not thresholds:
+            break
         d = (trained[name].to(torch.float32) - base[name].to(torch.float32)).abs()
-        by_category[param_category(name)] += int((d >= threshold).sum())
-    n = sum(by_category.values())
-    return {"threshold": threshold, "num_coordinates": n, "by_category": by_category,
-            "enrichment": top_k_enrichment(by_category, n, population["by_category"]) if n else {}}
+        for t in thresholds:
+            counts[t][param_category(name)] += int((d >= t).sum())
+    out = {}
+    for t, by_category in counts.items():
+        n = sum(by_category.values())
+        out[t] = {"threshold": t, "num_coordinates": n, "by_category": by_category,
+                  "enrichment": top_k_enrichment(by_category, n, population["by_category"]) if n else {}}
+    return out
 
 
 def parameter_counts(state: dict, scope=None) -> dict:
