@@ -136,7 +136,8 @@ def child(args) -> dict:
            "model_bytes_per_param_rss": (rss_model - rss_before_model) * 2**20 / numel}
     if mode != "inference":
         out["perturb_path"] = params.perturb_path
-        out["masters"] = params.masters is not None
+        out["masters"] = params.keeps_masters
+        out["masters_in_engine"] = bool(getattr(params, "masters_in_engine", False))
     generator.close()
     return out
 

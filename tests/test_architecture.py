@@ -15,7 +15,7 @@ ROOT = Path(evolm.__file__).parent
 
 LAYERS = [
     ("bottom", {"errors", "seeding", "categories", "metrics", "rewards", "reference_rewards", "sandbox",
-                "resources", "markdown", "console", "plugins", "machine"}),
+                "resources", "markdown", "console", "plugins", "machine", "checksum"}),
     ("core", {"config", "models", "embedded", "state", "runs", "tasks", "backends", "plots", "trackers"}),
     ("measure", {"evaluate", "heldout"}),
     ("engines", {"es", "grpo"}),

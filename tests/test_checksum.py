@@ -1,4 +1,4 @@
-"""Replica checksums (es/checksum.py) and the driver's deferred copy (ParamSet.defer_update / catch_up)."""
+"""Replica checksums (checksum.py) and the driver's deferred copy (ParamSet.defer_update / catch_up)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from evolm import config
-from evolm.es.checksum import CHUNK, reference_checksum, tensor_checksum
+from evolm.checksum import CHUNK, reference_checksum, tensor_checksum
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -39,6 +39,17 @@ def test_checksum_does_not_depend_on_threads_or_layout():
     finally:
         torch.set_num_threads(before)
     assert one == two == tensor_checksum(x.view(-1, 2).t().contiguous().t())  # same values, row-major order
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_checksum_of_a_cast_is_computed_chunk_by_chunk_and_equals_the_cast_tensors(dtype):
+    """``tensor_checksum(t, float32)`` (a bf16 model's weights cast up to its masters, without a float32
+    copy) equals the checksum of ``t.float()``, across chunk boundaries and for a non-contiguous view."""
+    t = torch.randn(3 * CHUNK + 17, generator=torch.Generator().manual_seed(1)).to(dtype)
+    assert tensor_checksum(t, torch.float32) == tensor_checksum(t.float()) != tensor_checksum(t)
+    view = t[: 2 * CHUNK].view(2, CHUNK)[:, 5:]
+    assert tensor_checksum(view, torch.float32) == tensor_checksum(view.float())
+    assert tensor_checksum(t, dtype) == tensor_checksum(t)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here")
@@ -79,3 +90,29 @@ def test_a_deferred_update_the_driver_refuses_is_a_divergence(tokenizer):
     params.defer_update(0, [float("inf")], 1.0)  # the replicas took it, this copy cannot
     with pytest.raises(RuntimeError, match="driver's copy differs"):
         params.catch_up()
+
+
+def test_a_paramset_whose_masters_live_elsewhere_keeps_none_and_refuses_arithmetic(tokenizer):
+    """``masters_elsewhere`` (a vLLM engine's worker holds the float32 masters): a bf16 ParamSet keeps no
+    float32 copy, still says it has masters (checkpoints must save them) and perturbs nowhere itself;
+    its deferred updates are handed over, not applied; a float32 model ignores the flag."""
+    from conftest import make_tiny_model
+
+    from evolm.es.noise import make_noise
+    from evolm.es.params import ParamSet
+
+    bf16 = make_tiny_model(tokenizer).to(torch.bfloat16)
+    params = ParamSet(bf16, None, masters_elsewhere=True)
+    params.noise = make_noise("counter", 0, params.layout)
+    assert params.masters is None and params.keeps_masters and params.perturb_path == "masters"
+    before = [t.clone() for t in params.tensors]
+    for call in (lambda: params.perturb(0, 0, 1, 1e-3), lambda: params.apply_update(0, [1.0], 1e-2)):
+        with pytest.raises(RuntimeError, match="masters live in its replica"):
+            call()
+    params.defer_update(0, [1.0, -1.0], 1e-2)
+    assert params.take_deferred() == [(0, [1.0, -1.0], 1e-2)] and params.deferred == 0
+    assert all(torch.equal(t, b) for t, b in zip(params.tensors, before))
+    kept = ParamSet(make_tiny_model(tokenizer).to(torch.bfloat16), None)
+    assert kept.masters is not None and kept.keeps_masters
+    f32 = ParamSet(make_tiny_model(tokenizer), None, masters_elsewhere=True)
+    assert not f32.masters_elsewhere and f32.masters is None and not f32.keeps_masters

@@ -214,3 +214,75 @@ def test_es_cli_end_to_end_two_iterations(tmp_path):
     replay(base, seed_log, cfg)
     replayed = dict(base.named_parameters())
     assert all(torch.equal(replayed[n], t) for n, t in final.items() if n in replayed)
+
+
+def test_bf16_run_keeps_its_masters_in_the_engine_and_checkpoints_resume_and_replay_them(tmp_path):
+    """bfloat16 generation with float32 masters on vLLM: the masters live in the worker only (the
+    driver's ParamSet holds none), yet the step-1 checkpoint's ``masters.safetensors`` and ``final/`` are
+    the float32 masters that replaying the seed log on the HF side gives, bit for bit, and a resume from
+    the step-1 checkpoint (masters sent back to the worker) ends on the same weights as the whole run."""
+    out = tmp_path / "runs"
+
+    def es(*extra):
+        cmd = [sys.executable, "-m", "evolm", "es", "--config", str(ROOT / "configs" / "es-arithmetic.toml"),
+               "--set", 'generation.backend="vllm"', "--set", 'model.dtype="bfloat16"', "--set", "es.iterations=2",
+               "--set", "es.population=4", "--set", "es.prompts_per_iteration=8", "--set", "es.sigma=0.02",
+               "--set", "eval.before_after=false", "--set", "probe.every=0", "--set", "run.checkpoint_every=1",
+               "--set", "run.keep_checkpoints=2", "--set", f'run.out_dir="{out}"', "--set", "run.progress=false", *extra]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+
+    es("--set", 'run.name="bf16"')
+    run = out / "bf16"
+    from safetensors.torch import load_file
+
+    from evolm import config as config_mod
+    from evolm.es.engine import replay
+
+    seed_log = [json.loads(x) for x in (run / "seed_log.jsonl").read_text().splitlines()]
+    assert [r.get("status") for r in seed_log if "iteration" in r] == ["applied", "applied"]  # training moved the weights
+    cfg = config_mod.load(config_mod.ESJob, run / "config.toml")
+    replayed = {}
+    for step in (1, 2):
+        base, _ = models.load(models.DEFAULT_MODEL, threads=1, dtype="bfloat16")
+        params = replay(base, [r for r in seed_log if int(r.get("step", 0)) <= step], cfg)
+        assert params.masters is not None  # the HF side of the same arithmetic keeps them
+        replayed[step] = params.state_dict()
+    assert any(not torch.equal(replayed[1][n], replayed[2][n]) for n in replayed[1])
+    ckpt = load_file(str(run / "checkpoints" / "step_000001" / "masters.safetensors"))
+    assert ckpt.keys() == replayed[1].keys() and all(torch.equal(ckpt[n], replayed[1][n]) for n in ckpt)
+    final = load_file(str(run / "final" / "model.safetensors"))
+    assert all(final[n].dtype == torch.float32 and torch.equal(final[n], replayed[2][n]) for n in replayed[2] if n in final)
+
+    resumed = tmp_path / "resumed"
+    import shutil
+
+    shutil.copytree(run, resumed)
+    shutil.rmtree(resumed / "final")
+    shutil.rmtree(resumed / "checkpoints" / "step_000002", ignore_errors=True)
+    proc = subprocess.run([sys.executable, "-m", "evolm", "es", "--resume", str(resumed), "--set", "run.progress=false"],
+                          capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    again = load_file(str(resumed / "final" / "model.safetensors"))
+    assert all(torch.equal(again[n], final[n]) for n in final)
+
+
+def test_a_bf16_driver_holds_no_masters_of_its_own(setup):
+    """The driver's ParamSet of a bfloat16 vLLM run keeps no float32 copy (4 B per parameter): the
+    masters the worker holds come back, when asked, equal to the driver's weights cast up."""
+    from evolm import config as config_mod
+    from evolm.es.engine import build_paramset
+
+    model, tok = models.load(models.DEFAULT_MODEL, threads=1, dtype="bfloat16")
+    generator = VLLMGenerator(model, tok, threads=1)
+    try:
+        cfg = config_mod.from_dict(config_mod.ESJob, {}, ["model.dtype='bfloat16'", "generation.backend='vllm'"])
+        params = build_paramset(model, cfg, generator=generator)
+        assert params.masters_in_engine and params.local.masters is None and params.keeps_masters
+        assert params.perturb_path == "masters"
+        masters = params.masters
+        assert all(m.dtype == torch.float32 and torch.equal(m, t.float()) for m, t in zip(masters, params.tensors))
+        with pytest.raises(RuntimeError, match="masters live in its replica"):
+            params.local.perturb(0, 0, 1, 1e-3)
+    finally:
+        generator.close()

@@ -10,9 +10,13 @@ Design decisions:
   saved once (``save_pretrained`` into ``$EVOLM_CACHE/vllm``). The worker-side mapping of HF tensors onto
   vLLM's fused parameters is verified against the driver's checksums at set-up
   (``evolm.es.vllm_worker``); driver weights that differ from the files (a checkpoint loaded into it)
-  are pushed once and checked again. The workers build their float32 masters from their own weights as
-  the driver's ParamSet does, so in bf16 nothing is pushed at start either (checksums compared); masters
-  loaded from a checkpoint are.
+  are pushed once and checked again.
+- Float32 masters (bf16/fp16 generation) live in the workers only (``masters_in_engine``): the workers
+  build them from their own weights, and the driver's ``ParamSet`` keeps none (``masters_elsewhere``),
+  so the run holds model-dtype + 4 B per parameter once, not twice (measured by
+  benchmarks/memory_per_param.py). When the driver needs them, the worker writes them: into a
+  checkpoint's ``masters.safetensors`` directly, or into a file the driver reads for ``final/``'s
+  float32 model; masters loaded on resume are sent to the workers (``load_masters``).
 - ES through ``EngineParamSet`` (what ``evolm.es.engine.build_paramset`` returns when the generator
   offers ``attach_paramset``): ``perturb``/``restore`` run in the workers only (one RPC with four
   scalars; no weights travel per member); ``apply_update`` runs on the workers only, and the driver's
@@ -55,12 +59,17 @@ from evolm.seeding import derive_seed
 WORKER = "evolm.es.vllm_worker"  # vLLM imports it in its worker processes; never imported here
 
 
-_INT_VIEW = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
+def checksum(tensor: torch.Tensor, dtype: torch.dtype | None = None) -> int:
+    """``evolm.checksum.tensor_checksum``: position-weighted, chunked on the tensor's device (a plain int64
+    sum of the bit patterns, used before, made an int64 copy of the whole tensor: 8 B per element)."""
+    from evolm.checksum import tensor_checksum
+
+    return tensor_checksum(tensor, dtype)
 
 
-def checksum(tensor: torch.Tensor) -> int:
-    """The int64 sum of a float tensor's bit patterns: equal for bit-identical tensors."""
-    return int(tensor.contiguous().view(_INT_VIEW[tensor.dtype]).sum(dtype=torch.int64))
+def selected_sum(tensors) -> int:
+    """One number for a list of tensors (``checksum`` of each, summed modulo 2^64)."""
+    return sum(checksum(t) for t in tensors) & ((1 << 64) - 1)
 
 
 def digest(tensor: torch.Tensor) -> str:
@@ -153,11 +162,16 @@ class VLLMGenerator(Generator):
             raise RuntimeError(f"vLLM's weights differ from the Hugging Face model's for {len(wrong)} tensors "
                                f"(first: {wrong[0]}): this architecture's layout is not mapped correctly")
 
+    masters_in_engine = True
+    """Lower-precision runs keep their float32 masters in the workers only (module docstring)."""
+
+    def _driver_masters(self) -> list[torch.Tensor]:
+        """The float32 masters the driver holds itself (none when they live in the engine)."""
+        ps = self._paramset
+        return ps.local.masters if ps is not None and ps.local.masters is not None else []
+
     def _watched(self) -> list[torch.Tensor]:
-        tensors = list(_hf_parameters(self.model).values())
-        if self._paramset is not None and self._paramset.masters is not None:
-            tensors += self._paramset.masters
-        return tensors
+        return list(_hf_parameters(self.model).values()) + self._driver_masters()
 
     # -- Generator ------------------------------------------------------------------------------------
     def sync_weights(self) -> None:
@@ -178,9 +192,9 @@ class VLLMGenerator(Generator):
             if id(p) not in seen:
                 seen.add(id(p))
                 state[name] = p.detach().cpu().contiguous()
-        if self._paramset is not None and self._paramset.masters is not None:
-            for name, master in zip(self._paramset.names, self._paramset.masters):
-                state[f"masters.{name}"] = master.detach().cpu().contiguous()
+        masters = self._driver_masters()
+        for name, master in zip(self._paramset.names if masters else [], masters):
+            state[f"masters.{name}"] = master.detach().cpu().contiguous()
         path = self.workdir / "push.safetensors"
         save_file(state, str(path))
         self.pushes += 1
@@ -238,6 +252,8 @@ class VLLMGenerator(Generator):
         if local.masters is None or self._paramset.worker_masters_sum() == self._paramset.local_sum():
             self._synced = _signature(self._watched())
         self.sync_weights()
+        if local.masters_elsewhere and self._paramset.worker_masters_sum() != self._paramset.local_sum():
+            raise RuntimeError("the vLLM workers' float32 masters are not the driver's weights cast up")
         return self._paramset
 
 
@@ -278,8 +294,59 @@ class EngineParamSet:
         return self.local.tensors
 
     @property
+    def masters_in_engine(self) -> bool:
+        """The float32 masters live in the workers only (``local.masters_elsewhere``)."""
+        return bool(getattr(self.local, "masters_elsewhere", False))
+
+    @property
+    def keeps_masters(self) -> bool:
+        return self.local.keeps_masters
+
+    @property
     def masters(self):
-        return self.local.masters
+        """The float32 masters: the driver's own, or, when they live in the engine, a copy the worker
+        writes (4 B per parameter for as long as the caller holds it; ``final/``'s float32 model)."""
+        if not self.masters_in_engine:
+            return self.local.masters
+        self.catch_up()
+        from safetensors.torch import load_file
+
+        path = self.generator.workdir / "masters.safetensors"
+        try:
+            self.generator.rpc("es_save_masters", str(path))
+            state = load_file(str(path))
+        finally:
+            path.unlink(missing_ok=True)
+        return [state[name].view_as(t) for name, t in zip(self.names, self.tensors)]
+
+    def save_masters(self, directory: Path) -> None:
+        """Write ``masters.safetensors`` into ``directory`` (a checkpoint): from the worker when the masters
+        live there, so they never pass through the driver."""
+        self.catch_up()
+        if self.masters_in_engine:
+            self.generator.rpc("es_save_masters", str(Path(directory) / "masters.safetensors"))
+        elif self.local.masters is not None:
+            from safetensors.torch import save_file
+
+            save_file(self.local.state_dict(), str(Path(directory) / "masters.safetensors"))
+
+    def load_masters(self, state: dict[str, torch.Tensor]) -> None:
+        """Set the masters (a checkpoint's, on resume) and the driver's weights to their cast; the workers
+        receive the masters now and the weights with the next ``sync_weights``."""
+        for k, name in enumerate(self.names):
+            self.local.tensors[k].copy_(state[name].to(torch.float32).view_as(self.local.tensors[k]))
+        if not self.masters_in_engine:
+            for k, name in enumerate(self.names):
+                self.local.masters[k].copy_(state[name].to(torch.float32).view_as(self.local.masters[k]))
+            return
+        from safetensors.torch import save_file
+
+        path = self.generator.workdir / "masters-in.safetensors"
+        save_file({f"masters.{n}": state[n].to(torch.float32).contiguous() for n in self.names}, str(path))
+        try:
+            self.generator.rpc("es_load", str(path))
+        finally:
+            path.unlink(missing_ok=True)
 
     @property
     def numel(self) -> int:
@@ -300,6 +367,8 @@ class EngineParamSet:
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         self.catch_up()
+        if self.masters_in_engine:
+            return {n: m.clone() for n, m in zip(self.names, self.masters)}
         return self.local.state_dict()
 
     def perturb(self, iteration: int, direction: int, sign: int, sigma: float) -> None:
@@ -338,8 +407,14 @@ class EngineParamSet:
         return self.local.deferred
 
     def local_sum(self) -> int:
+        """What ``worker_masters_sum`` must equal: the driver's masters, or, when the masters live in the
+        engine, the driver's weights cast up (one tensor at a time), or the float32 weights themselves."""
         local = self.local
-        return sum(checksum(t) for t in (local.masters if local.masters is not None else local.tensors))
+        if local.masters is not None:
+            return selected_sum(local.masters)
+        if self.masters_in_engine:
+            return sum(checksum(t, torch.float32) for t in local.tensors) & ((1 << 64) - 1)
+        return selected_sum(local.tensors)
 
     def worker_masters_sum(self) -> int:
         sums = self.generator.rpc("es_selected_checksum")
@@ -350,6 +425,8 @@ class EngineParamSet:
     def catch_up(self) -> int:
         """Apply the deferred updates to the driver's model and check it against the workers: a driver
         whose replay differs stops the run rather than save a model the engine did not train."""
+        if self.masters_in_engine:
+            return self._catch_up_from_engine()
         done = self.local.catch_up()
         if done:
             mine = self.local_sum()
@@ -359,12 +436,36 @@ class EngineParamSet:
                                    f"{mine} vs {self._engine_sum}); the run stops rather than save a model it did not train")
         return done
 
+    @torch.no_grad()
+    def _catch_up_from_engine(self) -> int:
+        """Masters in the engine: the driver's weights become the engine's (the worker writes its selected
+        live weights, model dtype, 2 B per parameter for a moment), checked tensor by tensor."""
+        done = len(self.local.take_deferred())
+        if not done:
+            return 0
+        from safetensors.torch import load_file
+
+        path = self.generator.workdir / "live.safetensors"
+        try:
+            engine = self.generator.rpc("es_save_live", str(path))[0]
+            state = load_file(str(path))
+        finally:
+            path.unlink(missing_ok=True)
+        for name, t in zip(self.names, self.local.tensors):
+            t.copy_(state.pop(name).view_as(t))
+            if checksum(t) != engine[name]:
+                raise RuntimeError(f"the driver's copy of {name}, brought up to date, differs from the vLLM workers'; "
+                                   "the run stops rather than save a model it did not train")
+        self.generator._engine_sums.update(engine)
+        self.generator._synced = _signature(self.generator._watched())
+        return done
+
     def checksums(self) -> dict[str, int]:
         """The engine's per-tensor checksums (HF names)."""
         return self.generator.rpc("es_checksums")[0]
 
     def engine_checksums(self) -> list[int]:
-        """The replica checksum (``es.checksum``) of every selected tensor as the engine holds it (its float32 masters first when kept,
+        """The replica checksum (``evolm.checksum``) of every selected tensor as the engine holds it (its float32 masters first when kept,
         then the live weights it generates from), in ParamSet order, computed inside the worker: what a
         Ray actor reports, so the driver checks the engine's weights, not the actor's HF mirror."""
         sums = self.generator.rpc("es_replica_checksums")

@@ -122,8 +122,9 @@ def build_paramset(model, cfg, header: dict | None = None, generator: Generator 
         params = ReferenceParamSet(model, None, categories=tuple(es.params), regex=es.param_regex, lr=es.lr,
                                    error_sample=es.reference_error_sample,
                                    sample_seed=derive_seed(cfg.run.seed, "reference-shadow"))
-    else:
-        params = ParamSet(model, None, categories=tuple(es.params), regex=es.param_regex)
+    else:  # masters kept by the generator's replica (vLLM workers) are not kept here too
+        params = ParamSet(model, None, categories=tuple(es.params), regex=es.param_regex,
+                          masters_elsewhere=bool(getattr(generator, "masters_in_engine", False)))
     device = params.tensors[0].device
     if header is None:
         params.noise = make_noise(es.noise, derive_seed(cfg.run.seed, "noise"), params.layout, es.noise_table_size, device)
@@ -222,7 +223,9 @@ def check_header(header: dict, params: ParamSet, cfg) -> None:
 # -- checkpoints ------------------------------------------------------------------------------------
 
 def save_masters(params: ParamSet, directory: Path) -> None:
-    if params.masters is not None:
+    if hasattr(params, "save_masters"):  # masters held by a replica (a vLLM engine) write themselves
+        params.save_masters(directory)
+    elif params.masters is not None:
         from safetensors.torch import save_file
 
         save_file(params.state_dict(), str(directory / "masters.safetensors"))
@@ -231,7 +234,7 @@ def save_masters(params: ParamSet, directory: Path) -> None:
 def load_masters(params: ParamSet, directory: Path, model) -> None:
     """The float32 masters from a checkpoint's ``masters.safetensors``, or, in ``final/`` (which holds
     the float32 weights the masters are), from the weights themselves (tied names resolved)."""
-    if params.masters is None:
+    if not params.keeps_masters:
         return
     from safetensors.torch import load_file
 
@@ -247,6 +250,9 @@ def load_masters(params: ParamSet, directory: Path, model) -> None:
             aliases.setdefault(id(p), []).append(name)
         named = dict(model.named_parameters(remove_duplicate=False))
         state = {name: next(state[a] for a in aliases[id(named[name])] if a in state) for name in params.names}
+    if hasattr(params, "load_masters"):  # a replica (a vLLM engine) holds them
+        params.load_masters(state)
+        return
     for k, name in enumerate(params.names):
         params.masters[k].copy_(state[name].to(torch.float32).view_as(params.masters[k]))
         params.tensors[k].copy_(params.masters[k].view_as(params.tensors[k]))
@@ -254,7 +260,7 @@ def load_masters(params: ParamSet, directory: Path, model) -> None:
 
 def float32_model(model, params: ParamSet):
     """The model with float32 weights (the masters when generation runs in lower precision)."""
-    if params.masters is None:
+    if not params.keeps_masters:
         return model
     clone = copy.deepcopy(model).to(torch.float32)
     named = dict(clone.named_parameters())

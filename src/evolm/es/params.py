@@ -97,11 +97,16 @@ def _bitwise_mismatches(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 class ParamSet:
     """Perturb / restore / apply-update on a model's selected parameters (the engine's only model calls)."""
 
-    def __init__(self, model, noise: NoiseSource, categories=("all",), regex: str = ""):
+    def __init__(self, model, noise: NoiseSource, categories=("all",), regex: str = "", *, masters_elsewhere: bool = False):
+        """``masters_elsewhere``: a lower-precision model whose float32 masters live in the replica that
+        does the arithmetic (a vLLM engine's workers, ``backends.vllm.EngineParamSet``): this ParamSet then
+        keeps no masters of its own (4 B per parameter less) and refuses to perturb or update; it holds
+        the selection, the noise and the queue of deferred updates."""
         selected = select_parameters(model, categories, regex)
         if not selected:
             raise ConfigError(f"es.params={list(categories)} with es.param_regex='{regex}' selects no parameters of this model")
-        self._setup(noise, [i for i, _, _ in selected], [n for _, n, _ in selected], [p.data for _, _, p in selected])
+        self._setup(noise, [i for i, _, _ in selected], [n for _, n, _ in selected], [p.data for _, _, p in selected],
+                    masters_elsewhere=masters_elsewhere)
 
     @classmethod
     def from_tensors(cls, noise: NoiseSource, indices: list[int], names: list[str], tensors: list[torch.Tensor]) -> "ParamSet":
@@ -112,13 +117,16 @@ class ParamSet:
         self._setup(noise, list(indices), list(names), list(tensors))
         return self
 
-    def _setup(self, noise: NoiseSource, indices: list[int], names: list[str], tensors: list[torch.Tensor]) -> None:
+    def _setup(self, noise: NoiseSource, indices: list[int], names: list[str], tensors: list[torch.Tensor],
+               masters_elsewhere: bool = False) -> None:
         self.noise = noise
         self.indices = indices
         self.names = names
         self.tensors = tensors
         self.in_place = all(t.dtype == torch.float32 for t in self.tensors)
-        self.masters = None if self.in_place else [t.detach().to(torch.float32, copy=True) for t in self.tensors]
+        self.masters_elsewhere = masters_elsewhere and not self.in_place
+        keep = not self.in_place and not self.masters_elsewhere
+        self.masters = [t.detach().to(torch.float32, copy=True) for t in self.tensors] if keep else None
         self._perturbed: tuple[int, int, int, float] | None = None
         self._corrections: list[tuple[int, torch.Tensor, torch.Tensor]] = []
         self._deferred: list[tuple[int, list[float], float]] = []
@@ -130,6 +138,16 @@ class ParamSet:
     @property
     def largest_numel(self) -> int:
         return max(t.numel() for t in self.tensors)
+
+    @property
+    def keeps_masters(self) -> bool:
+        """Whether the run has float32 masters (here, or in the replica when ``masters_elsewhere``)."""
+        return self.masters is not None or getattr(self, "masters_elsewhere", False)
+
+    def _arithmetic_here(self) -> None:
+        if getattr(self, "masters_elsewhere", False):
+            raise RuntimeError("this ParamSet's float32 masters live in its replica (masters_elsewhere): "
+                               "perturb and update there")
 
     @property
     def noise_numel(self) -> int:
@@ -145,7 +163,7 @@ class ParamSet:
     def perturb_path(self) -> str:
         """Which code perturbs: ``masters`` (lower-precision model), ``kernel`` (evolm.es.fused) or ``torch``.
         Asking builds the kernel if it is not built yet (a one-off cost kept out of timed loops)."""
-        if self.masters is not None:
+        if self.keeps_masters:
             return "masters"
         t = self.tensors[0]
         return "kernel" if fused.usable(t, t) and fused.kernel() is not None else "torch"
@@ -159,6 +177,7 @@ class ParamSet:
         """Set the selected weights to ``theta + sign * sigma * eps(iteration, direction)``."""
         if self._perturbed is not None:
             raise RuntimeError("perturb() called twice without restore()")
+        self._arithmetic_here()
         factor = float(sign) * float(sigma)
         self._corrections = []
         used_kernel = []
@@ -262,6 +281,7 @@ class ParamSet:
             raise RuntimeError("apply_update() while perturbed; restore() first")
         if self._deferred:
             raise RuntimeError("apply_update() with deferred updates queued; catch_up() first")
+        self._arithmetic_here()
         coefficients = [float(c) for c in coefficients]
         scale = float(scale)
         if not (math.isfinite(scale) and all(math.isfinite(c) for c in coefficients)):
@@ -281,6 +301,11 @@ class ParamSet:
     def deferred(self) -> int:
         """Updates queued by ``defer_update`` and not yet applied here."""
         return len(self._deferred)
+
+    def take_deferred(self) -> list[tuple[int, list[float], float]]:
+        """The queued updates, removed from the queue (a replica that holds the masters applied them)."""
+        pending, self._deferred = self._deferred, []
+        return pending
 
     def catch_up(self) -> int:
         """Apply the queued updates in order (the same arithmetic as applying each when it came, so the

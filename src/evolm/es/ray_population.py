@@ -94,7 +94,7 @@ from evolm import models
 from evolm.backends import engine_options, make_generator
 from evolm.errors import UserError
 from evolm.es import fused
-from evolm.es.checksum import tensor_checksum
+from evolm.checksum import tensor_checksum
 from evolm.es.engine import load_masters, save_masters, build_paramset, float32_model
 from evolm.es.population import NON_FINITE_WEIGHTS, LocalPopulation, MemberScores
 from evolm.es.update import Update
@@ -132,7 +132,7 @@ def weights_checksum(params) -> list[int]:
 
 def checksum_names(params) -> list[str]:
     """The tensor each entry of ``weights_checksum`` covers."""
-    masters = [f"{n} (float32 master)" for n in params.names] if params.masters is not None else []
+    masters = [f"{n} (float32 master)" for n in params.names] if params.keeps_masters else []
     return masters + list(params.names)
 
 

@@ -25,16 +25,20 @@ Design decisions:
   layers computed by ``torch.nn.functional.linear`` on their live parameters, before torch.compile
   traces the model, so every in-place change is seen by the next forward pass. On CUDA, vLLM's
   unquantized layers already read their live parameters and only the extension is used.
-- Checksums are exact: the int64 sum of every tensor's bit patterns (``checksum``) after each update,
-  SHA-256 (``es_digests``) where tests need more.
+- Checksums are exact: ``evolm.checksum.tensor_checksum`` of every tensor's bit patterns (``checksum``)
+  after each update, computed in chunks where the tensor lives; SHA-256 (``es_digests``) where tests
+  need more.
+- The float32 masters of a lower-precision run are this worker's alone (the driver keeps none): it
+  writes them where the driver asks (``es_save_masters``: a checkpoint, ``final/``) and writes its
+  live weights for the driver's copy (``es_save_live``).
 """
 
 from __future__ import annotations
 
 import torch
 
-from evolm.backends.vllm import checksum, digest
-from evolm.es.checksum import tensor_checksum
+from evolm.backends.vllm import checksum, digest, selected_sum
+from evolm.checksum import tensor_checksum
 from evolm.es.noise import noise_from_header
 from evolm.es.params import ParamSet
 
@@ -129,7 +133,23 @@ class ESWorkerExtension:
 
     def es_selected_checksum(self) -> int:
         p = self._es_params
-        return sum(checksum(t) for t in (p.masters if p.masters is not None else p.tensors))
+        return selected_sum(p.masters if p.masters is not None else p.tensors)
+
+    def es_save_masters(self, path: str) -> None:
+        """Write the float32 masters (HF names) to ``path``: a checkpoint's ``masters.safetensors``, or a
+        file the driver reads; the driver keeps none of its own (``backends.vllm``, masters_in_engine)."""
+        from safetensors.torch import save_file
+
+        p = self._es_params
+        save_file({n: m.detach().cpu().contiguous() for n, m in zip(p.names, p.masters)}, path)
+
+    def es_save_live(self, path: str) -> dict[str, int]:
+        """Write the selected live weights (model dtype, HF names) to ``path``; return their checksums."""
+        from safetensors.torch import save_file
+
+        p = self._es_params
+        save_file({n: self._es_views[n].detach().cpu().contiguous() for n in p.names}, path)
+        return {n: checksum(self._es_views[n]) for n in p.names}
 
     def es_replica_checksums(self) -> list[int]:
         """``tensor_checksum`` of every selected tensor in ParamSet order, on the worker's device: the float32

@@ -45,15 +45,21 @@ def _weights(device: torch.device) -> torch.Tensor:
     return _WEIGHTS[key]
 
 
-def tensor_checksum(tensor: torch.Tensor) -> int:
+def tensor_checksum(tensor: torch.Tensor, dtype: torch.dtype | None = None) -> int:
     """The checksum of the module docstring over ``tensor``'s elements in row-major order, computed on its
-    device; a Python int in [0, 2^64)."""
+    device; a Python int in [0, 2^64). ``dtype``: the checksum of ``tensor.to(dtype)``, converted one
+    chunk at a time (a bf16 model's weights cast up to the float32 masters they start, without a
+    float32 copy of the tensor)."""
     t = tensor.detach()
-    flat = t.contiguous().view(-1).view(_INT_VIEW[t.dtype])
+    flat = t.contiguous().view(-1)
+    cast = dtype is not None and dtype != flat.dtype
+    view = _INT_VIEW[dtype if cast else flat.dtype]
+    flat = flat if cast else flat.view(view)
     weights = _weights(flat.device)
     total = torch.zeros((), dtype=torch.int64, device=flat.device)
     for k, start in enumerate(range(0, flat.numel(), CHUNK)):
         part = flat[start:start + CHUNK]
+        part = part.to(dtype).view(view) if cast else part
         part = part.to(torch.int32) if part.dtype != torch.int32 else part
         total += torch.mul(part, weights[:part.numel()]).sum(dtype=torch.int64) * (2 * k + 1)
     return int(total) & _MASK64
