@@ -377,8 +377,7 @@ def test_config_validation_of_lowrank_fields(override, message):
 
 # -- the real default model ----------------------------------------------------------------------------
 
-@pytest.mark.slow
-@pytest.mark.ci
+@pytest.mark.slow  # `make test-all`; the tiny-model twin runs in `make test`
 def test_batched_members_match_materialised_members_on_smollm2():
     """SmolLM2-135M on the training task's prompts: identical greedy text for every member, sampled text
     within SAMPLED_AGREEMENT, logits within 1e-3 of the member materialised as full weights (measured:

@@ -446,8 +446,7 @@ def test_the_driver_copy_waits_for_sync_and_is_checked_against_the_actors(tmp_pa
 
 # -- the command line, with its own private Ray, on the real model -----------------------------------
 
-@pytest.mark.slow
-@pytest.mark.ci
+@pytest.mark.slow  # `make test-all`; the tiny-model twin runs in `make test`
 @pytest.mark.ray
 def test_cli_with_two_workers_matches_the_local_run_on_the_real_model(tmp_path):
     repo = Path(__file__).resolve().parents[1]

@@ -49,8 +49,7 @@ SMALL = dict(iterations=2, population=4, prompts_per_iteration=4, max_new_tokens
              temperature=1.0, before_after=False, progress=False, overrides=["run.checkpoint_every=0", "probe.every=0"])
 
 
-@pytest.mark.slow
-@pytest.mark.ci
+@pytest.mark.slow  # `make test-all`; the tiny-model twin runs in `make test`
 def test_es_trainer_on_the_embedded_model_equals_the_cli_run(reward_file, tmp_path):
     """The done-when of the API: same settings from Python and from the CLI -> the same weights, seed log and
     fitnesses; the run directory is read by evolm report and evolm replay."""
