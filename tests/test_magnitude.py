@@ -145,3 +145,27 @@ def test_the_step_dtype_is_the_one_the_run_updated_in(tmp_path):
         (tmp_path / name / "config.toml").write_text(text)
     assert [_run_dtype(str(tmp_path / n)) for n in cases] == ["bfloat16", "float32", "bfloat16"]
     assert _run_dtype("smollm2-135m") == "float32"
+
+
+def test_a_top_k_cut_inside_a_tie_splits_the_tie_evenly_and_reports_the_whole_set():
+    """bf16 updates take few distinct values: when the k-th largest is shared, each tied coordinate
+    counts (k − above) / tied (a random tie-break's expectation, the same on the observed and the null
+    side), never a tie-break by position; the set at or above the k-th value is reported whole. The
+    result does not depend on where the coordinates sit."""
+    from evolm.analysis.magnitude import _top_k_cut
+    from evolm.categories import CATEGORIES
+
+    ids = {c: i for i, c in enumerate(CATEGORIES)}
+    score = torch.cat([torch.full((10,), 2.0), torch.ones(60), torch.ones(40), torch.full((500,), 0.5)])
+    cats = torch.tensor([ids["norm"]] * 10 + [ids["attention"]] * 60 + [ids["mlp"]] * 40 + [ids["embedding"]] * 500,
+                        dtype=torch.int8)
+    cut = _top_k_cut(score, cats, 20)
+    assert cut["size"] == 110 and cut["tied"] == 100 and cut["kth"] == 1.0
+    assert cut["counts"]["norm"] == 10 and cut["counts"]["attention"] == pytest.approx(6.0)
+    assert cut["counts"]["mlp"] == pytest.approx(4.0) and cut["counts"]["embedding"] == 0
+    assert sum(cut["counts"].values()) == pytest.approx(20)
+    assert cut["at_least_kth"]["attention"] == 60 and cut["at_least_kth"]["mlp"] == 40
+    order = torch.randperm(score.numel(), generator=torch.Generator().manual_seed(0))
+    assert _top_k_cut(score[order], cats[order], 20)["counts"] == cut["counts"]
+    whole = _top_k_cut(score, cats, 10)  # the cut falls between two values: plain integer counts
+    assert whole["size"] == 10 and whole["counts"]["norm"] == 10 and isinstance(whole["counts"]["norm"], int)

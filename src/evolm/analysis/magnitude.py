@@ -19,6 +19,9 @@ views that can:
   in every coordinate's own spacing. Per category the top-k count of |Δ| is compared with its
   distribution over ``permutations`` shuffles: null mean and 95% range, enrichment = observed / null
   mean, and empirical one-sided p-values ``(1 + #{null ≥ obs}) / (R + 1)`` (and ≤ for depletion).
+  Counts are tie-aware (``_top_k_cut``): in bf16 the k-th largest |Δ| is shared by up to tens of
+  thousands of coordinates, in the observed update and in every shuffle, so ties at the k-th value
+  are split evenly (the expected counts of a random tie-break) on both sides of the comparison.
   A category that holds the top k because its weights are large *and* the steps are exchangeable is
   at enrichment ≈ 1 against this null; one where ES takes more steps is above it. When the null itself
   puts (nearly) the whole top k in one category (its interval reaches k), the count cannot tell ES
@@ -105,15 +108,37 @@ def _coordinates(base: dict, trained: dict, scope) -> tuple:
     return b, t, _category_index(base, names)
 
 
-def _top_k_counts(score, cat_ids, k: int) -> dict[str, int]:
+def _top_k_cut(score, cat_ids, k: int) -> dict:
+    """The top ``k`` coordinates of ``score`` (> 0) by category, with ties at the k-th value split evenly.
+
+    A low-precision Δ takes few distinct values (bf16: whole ulps), so the k-th largest is often shared
+    by thousands of coordinates and any top-k list is a tie-break (module docstring of
+    ``evolm.analysis.localisation``). ``counts``: per category, the coordinates above the k-th value plus
+    its share ``(k − above) / tied`` of each tied one: the expected counts of a uniformly random
+    tie-break, summing to k (integers when no tie is cut), so an observed cut and a null's compare on
+    one scale. ``at_least_kth``: the whole set at or above the k-th value, by category (integers);
+    ``size``, ``tied`` (coordinates equal to the k-th value) and ``kth`` describe it."""
     import torch
 
     k = min(k, int((score > 0).sum()))
     if k == 0:
-        return {c: 0 for c in CATEGORIES}
-    _, idx = torch.topk(score, k, sorted=False)
-    counts = torch.bincount(cat_ids[idx].long(), minlength=len(CATEGORIES))
-    return {c: int(counts[i]) for i, c in enumerate(CATEGORIES)}
+        zero = {c: 0 for c in CATEGORIES}
+        return {"k": 0, "kth": None, "size": 0, "tied": 0, "counts": zero, "at_least_kth": dict(zero)}
+    kth = torch.topk(score, k, sorted=False).values.min()
+    above, tied = score > kth, score == kth
+    n_above, n_tied = int(above.sum()), int(tied.sum())
+    ca = torch.bincount(cat_ids[above].long(), minlength=len(CATEGORIES)).tolist()
+    ct = torch.bincount(cat_ids[tied].long(), minlength=len(CATEGORIES)).tolist()
+    cut = n_above + n_tied > k
+    share = (k - n_above) / n_tied
+    counts = {c: (ca[i] + share * ct[i]) if cut else ca[i] + ct[i] for i, c in enumerate(CATEGORIES)}
+    return {"k": k, "kth": float(kth), "size": n_above + n_tied, "tied": n_tied, "counts": counts,
+            "at_least_kth": {c: ca[i] + ct[i] for i, c in enumerate(CATEGORIES)}}
+
+
+def _top_k_counts(score, cat_ids, k: int) -> dict:
+    """``_top_k_cut``'s tie-split counts per category."""
+    return _top_k_cut(score, cat_ids, k)["counts"]
 
 
 def relative_localisation(base: dict, trained: dict, k: int = 100, scope=None, coords=None) -> dict:
@@ -127,12 +152,13 @@ def relative_localisation(base: dict, trained: dict, k: int = 100, scope=None, c
     d = t - b
     nonzero_base = b != 0
     rel = torch.where(nonzero_base, d.abs() / b.abs().clamp_min(torch.finfo(torch.float32).tiny), torch.zeros_like(d))
-    counts = _top_k_counts(rel, cat_ids, k)
-    selected = sum(counts.values())
+    cut = _top_k_cut(rel, cat_ids, k)
     population = torch.bincount(cat_ids[nonzero_base].long(), minlength=len(CATEGORIES))
     param_counts = {c: int(population[i]) for i, c in enumerate(CATEGORIES)}
-    return {"k": k, "num_selected": selected, "num_zero_base": int((~nonzero_base).sum()), "by_category": counts,
-            "enrichment": top_k_enrichment(counts, selected, param_counts) if selected else {}}
+    size = cut["size"]  # the set the cut selects: the top k, or every coordinate tied at its k-th value too
+    return {"k": k, "num_selected": cut["k"], "num_zero_base": int((~nonzero_base).sum()), "by_category": cut["counts"],
+            "at_least_kth": {"size": size, "tied": cut["tied"], "kth": cut["kth"], "by_category": cut["at_least_kth"]},
+            "enrichment": top_k_enrichment(cut["at_least_kth"], size, param_counts) if size else {}}
 
 
 def step_counts(base: dict, trained: dict, dtype: str, scope=None, coords=None) -> dict:
@@ -169,7 +195,8 @@ def dtype_null_localisation(base: dict, trained: dict, dtype: str, k: int = 100,
     b, t, cat_ids = coords or _coordinates(base, trained, scope)
     spacing = ulp(b, dtype)
     steps = (t - b) / spacing
-    observed = _top_k_counts((steps * spacing).abs(), cat_ids, k)
+    cut = _top_k_cut((steps * spacing).abs(), cat_ids, k)
+    observed = cut["counts"]
     gen = torch.Generator().manual_seed(int(seed))
     null = {c: [] for c in CATEGORIES}
     for _ in range(permutations):
@@ -190,7 +217,8 @@ def dtype_null_localisation(base: dict, trained: dict, dtype: str, k: int = 100,
                           "enrichment": obs / mean if mean > 0 else None,
                           "p_enriched": (1 + sum(v >= obs for v in values)) / (len(values) + 1),
                           "p_depleted": (1 + sum(v <= obs for v in values)) / (len(values) + 1)}
-    return {"k": k, "dtype": dtype, "permutations": permutations, "observed": observed, "by_category": by_category}
+    return {"k": k, "dtype": dtype, "permutations": permutations, "observed": observed,
+            "at_least_kth": {"size": cut["size"], "tied": cut["tied"], "kth": cut["kth"]}, "by_category": by_category}
 
 
 def relative_sparsity(base: dict, trained: dict, taus, scope=None, coords=None) -> dict:
@@ -226,7 +254,8 @@ def magnitude_analysis(base: dict, trained: dict, dtype: str, k: int = 100, scop
     absolute = top_k_localisation(base, trained, k, scope)
     coords = _coordinates(base, trained, scope)  # flattened once for the four views below
     return {"dtype": dtype, "k": k,
-            "absolute": {"by_category": absolute["by_category"], "enrichment": absolute["enrichment"]["by_category"]},
+            "absolute": {"by_category": absolute["by_category"], "enrichment": absolute["enrichment"]["by_category"],
+                         "tied": absolute["tied"], "at_least_kth": absolute["at_least_kth"]},
             "relative": relative_localisation(base, trained, k, scope, coords=coords),
             "dtype_null": dtype_null_localisation(base, trained, dtype, k, scope, permutations, seed, coords=coords),
             "steps": step_counts(base, trained, dtype, scope, coords=coords),

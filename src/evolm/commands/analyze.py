@@ -277,15 +277,21 @@ def _cmd_magnitude(args) -> int:
                                permutations=args.permutations, seed=args.seed)
         result["models"][label] = m
         parts = []
-        for c, e in m["absolute"]["enrichment"].items():
+        # absolute and relative: the set the cut selects (the top k, or all tied at its k-th value too)
+        absolute = m["absolute"]["at_least_kth"].get("enrichment") if m["absolute"]["tied"] else m["absolute"]["enrichment"]
+        for c, e in (absolute or {}).items():
             rel = m["relative"]["enrichment"].get(c) or {}
             null = m["dtype_null"]["by_category"].get(c) or {}
             if e["observed"] or e["expected"] >= 1:
                 ratio = lambda v: "n/a" if v is None else f"{fmt(v)}x"  # noqa: E731 (None: the null expects none there)
-                parts.append(f"{c} {e['observed']} (abs {ratio(e['enrichment'])}, rel {ratio(rel.get('enrichment'))}, "
-                             f"vs {dtype} null {ratio(null.get('enrichment'))} of {fmt(null.get('null_mean'))}, "
-                             f"p {format_p(null.get('p_enriched'))})")
+                parts.append(f"{c} {fmt(null.get('observed', e['observed']))} (abs {ratio(e['enrichment'])}, "
+                             f"rel {ratio(rel.get('enrichment'))}, vs {dtype} null {ratio(null.get('enrichment'))} "
+                             f"of {fmt(null.get('null_mean'))}, p {format_p(null.get('p_enriched'))})")
         print(f"{label} top-{args.k}: " + ", ".join(parts))
+        null_set = m["dtype_null"]["at_least_kth"]
+        if null_set["size"] > args.k:  # counts above split the tie at the k-th |Δ| evenly (the null's too)
+            print(f"  the {args.k}th |Δ| ({fmt(null_set['kth'])}) is shared by {null_set['tied']:,} coordinates: "
+                  f"{null_set['size']:,} at or above it; the counts split that tie evenly, on the null's side too")
     _report(*_write(args.out, "magnitude", result))
     return 0
 
