@@ -61,6 +61,20 @@ def _one_sandbox_test_at_a_time(request):
         yield
 
 
+class Kill(Exception):
+    """What ``kill_at`` raises: a run stopped from a callback, as a kill between two updates would."""
+
+
+def kill_at(step: int):
+    """An ES callback (``cb(step, record)``) that raises ``Kill`` once update ``step`` is logged."""
+
+    def callback(at, record):
+        if at == step:
+            raise Kill
+
+    return callback
+
+
 @contextlib.contextmanager
 def cache_lock():
     """Exclusive use of the evolm cache while converting (on a fresh machine both xdist workers would

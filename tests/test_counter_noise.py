@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import Kill, kill_at
+
 from evolm import config
 from evolm.es import fused, params as params_module
 from evolm.es.noise import (BULK, COUNTER_TABLE_SHA256, COUNTER_VERSION, TAIL, CounterNoise, counter_distribution,
@@ -323,17 +325,10 @@ def test_a_counter_run_trains_resumes_bit_identically_and_replays(tmp_path, toke
     assert "applied" in statuses  # an update applied, and it moved the weights
     assert any(not torch.equal(p, q) for p, q in zip(base.parameters(), uninterrupted.parameters()))
 
-    class Kill(Exception):
-        pass
-
-    def kill_at_2(step, record):
-        if step == 2:
-            raise Kill
-
     cfg_b = _cfg(tmp_path / "b")
     cfg_b.run.checkpoint_every = 1
     with pytest.raises(Kill):
-        _run(cfg_b, tokenizer, vowel_task, callbacks=(kill_at_2,))
+        _run(cfg_b, tokenizer, vowel_task, callbacks=(kill_at(2),))
     run_b = RunDir.open(tmp_path / "b" / "run")
     fresh = make_tiny_model(tokenizer)
     run_es(cfg_b, resume=run_b, model=fresh, tokenizer=tokenizer, task=vowel_task,

@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import Kill, kill_at
+
 from evolm import config
 from evolm.es import shaping
 from evolm.es.noise import StreamNoise, TableNoise
@@ -318,17 +320,10 @@ def test_resume_after_a_kill_is_bit_identical_and_replay_matches(tmp_path, token
     cfg.run.checkpoint_every = 1
     _, uninterrupted = _run(cfg, tokenizer, vowel_task)
 
-    class Kill(Exception):
-        pass
-
-    def kill_at_3(step, record):
-        if step == 3:
-            raise Kill
-
     cfg_b = _tiny_cfg(tmp_path / "b", iterations=4)
     cfg_b.run.checkpoint_every = 2
     with pytest.raises(Kill):
-        _run(cfg_b, tokenizer, vowel_task, callbacks=(kill_at_3,))
+        _run(cfg_b, tokenizer, vowel_task, callbacks=(kill_at(3),))
     run_b = RunDir.open(tmp_path / "b" / "run")
     assert run_b.latest_checkpoint()[1]["step"] == 2
     from conftest import make_tiny_model
@@ -491,17 +486,10 @@ def test_a_run_without_weights_resumes_by_replaying_its_seed_log(tmp_path, token
 
     _, uninterrupted = _run(_tiny_cfg(tmp_path / "a", iterations=4), tokenizer, vowel_task)
 
-    class Kill(Exception):
-        pass
-
-    def kill_at_3(step, record):
-        if step == 3:
-            raise Kill
-
     cfg_b = _tiny_cfg(tmp_path / "b", iterations=4)
     cfg_b.run.checkpoint_every = 1
     with pytest.raises(Kill):
-        _run(cfg_b, tokenizer, vowel_task, callbacks=(kill_at_3,))
+        _run(cfg_b, tokenizer, vowel_task, callbacks=(kill_at(3),))
     run_b = RunDir.open(tmp_path / "b" / "run")
     shutil.rmtree(run_b.checkpoint_dir)  # the weights stayed behind: only the logs travel
     seconds_3 = [r for r in run_b.train_records() if r["step"] == 3][0]["seconds_total"]

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import make_tiny_model
+from conftest import Kill, kill_at, make_tiny_model
 from evolm import config
 from evolm.backends.base import SamplingParams
 from evolm.backends.hf import HFGenerator
@@ -284,17 +284,10 @@ def test_lowrank_resume_after_a_kill_is_bit_identical_and_replay_matches(tmp_pat
     cfg = _tiny_cfg(tmp_path / "a", iterations=4, estimator="antithetic")
     _, uninterrupted = _run(cfg, tokenizer, vowel_task)
 
-    class Kill(Exception):
-        pass
-
-    def kill_at_3(step, record):
-        if step == 3:
-            raise Kill
-
     cfg_b = _tiny_cfg(tmp_path / "b", iterations=4, estimator="antithetic")
     cfg_b.run.checkpoint_every = 2
     with pytest.raises(Kill):
-        _run(cfg_b, tokenizer, vowel_task, callbacks=(kill_at_3,))
+        _run(cfg_b, tokenizer, vowel_task, callbacks=(kill_at(3),))
     run_b = RunDir.open(tmp_path / "b" / "run")
     assert run_b.latest_checkpoint()[1]["step"] == 2
     fresh = make_tiny_model(tokenizer)

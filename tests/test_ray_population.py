@@ -22,6 +22,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import Kill, kill_at
+
 from evolm import config
 from evolm.es.ray_population import actor_failure, first_mismatch
 
@@ -374,16 +376,9 @@ def test_resume_with_actors_loads_the_checkpoint_and_matches(tmp_path, tiny_dir,
     from evolm.jobs import run_es
     from evolm.runs import RunDir
 
-    class Kill(Exception):
-        pass
-
-    def kill_at_3(step, record):
-        if step == 3:
-            raise Kill
-
     cfg = _cfg(tmp_path, tiny_dir, 2, **{"run.checkpoint_every": 2})
     with pytest.raises(Kill):
-        _run(cfg, vowel_task, callbacks=(kill_at_3,))
+        _run(cfg, vowel_task, callbacks=(kill_at(3),))
     run = RunDir.open(tmp_path / "run")
     assert run.latest_checkpoint()[1]["step"] == 2
     run_es(cfg, resume=run, task=vowel_task, quiet=True)

@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import Kill, kill_at
+
 from evolm import config
 from evolm.errors import ConfigError
 from evolm.es.noise import CounterNoise, StreamNoise, TableNoise
@@ -213,16 +215,9 @@ def test_reference_run_logs_its_error_and_resumes_and_replays_bit_for_bit(tmp_pa
     assert len(records) == 4 and all(r["ref_sample"] == 4096 and r["ref_error_rel"] > 0 for r in records)
     assert records[-1]["ref_error_frac"] > 0 and records[-1]["ref_moved_ratio"] > 0
 
-    class Kill(Exception):
-        pass
-
-    def kill_at_3(step, record):
-        if step == 3:
-            raise Kill
-
     cfg_b = _cfg(tmp_path / "b", checkpoint_every=2)
     with pytest.raises(Kill):
-        _run(cfg_b, tokenizer, vowel_task, callbacks=(kill_at_3,))
+        _run(cfg_b, tokenizer, vowel_task, callbacks=(kill_at(3),))
     run_b = RunDir.open(tmp_path / "b" / "run")
     assert run_b.latest_checkpoint()[1]["step"] == 2
     fresh = make_tiny_model(tokenizer).to(torch.bfloat16)
@@ -270,16 +265,9 @@ def test_a_reference_run_without_weights_resumes_by_replay_with_its_rounding(tmp
 
     run_a, straight = _run(_cfg(tmp_path / "a"), tokenizer, vowel_task)
 
-    class Kill(Exception):
-        pass
-
-    def kill_at_3(step, record):
-        if step == 3:
-            raise Kill
-
     cfg_b = _cfg(tmp_path / "b", checkpoint_every=2)
     with pytest.raises(Kill):
-        _run(cfg_b, tokenizer, vowel_task, callbacks=(kill_at_3,))
+        _run(cfg_b, tokenizer, vowel_task, callbacks=(kill_at(3),))
     run_b = RunDir.open(tmp_path / "b" / "run")
     shutil.rmtree(run_b.checkpoint_dir)
     fresh = make_tiny_model(tokenizer).to(torch.bfloat16)

@@ -290,10 +290,10 @@ def train(cfg, comps, run: RunDir, start, params: ParamSet, *, probe: Callable |
         t0 = time.perf_counter()
         replay_into(params, [r for r in run.seed_log() if int(r.get("step", 0)) <= start.step], cfg)
         say(f"[evolm] rebuilt the weights at update {start.step} from the seed log in {time.perf_counter() - t0:.0f} s")
-    if start.checkpoint is not None or start.replay:  # a checkpoint, final/ of a finished run being extended, or replay
-        if start.checkpoint is not None:
-            load_weights(model, start.checkpoint)
-            load_masters(params, start.checkpoint, model)
+    elif start.checkpoint is not None:  # a checkpoint, or final/ of a finished run being extended
+        load_weights(model, start.checkpoint)
+        load_masters(params, start.checkpoint, model)
+    if start.checkpoint is not None or start.replay:  # the totals continue from the record resumed
         totals = {"seconds_total": float(start.state.get("seconds_total", 0.0)),
                   "gen_sequences_total": int(start.state.get("gen_sequences_total", 0)),
                   "gen_tokens_total": int(start.state.get("gen_tokens_total", 0))}
