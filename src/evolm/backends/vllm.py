@@ -67,9 +67,9 @@ def checksum(tensor: torch.Tensor, dtype: torch.dtype | None = None) -> int:
     return tensor_checksum(tensor, dtype)
 
 
-def selected_sum(tensors) -> int:
-    """One number for a list of tensors (``checksum`` of each, summed modulo 2^64)."""
-    return sum(checksum(t) for t in tensors) & ((1 << 64) - 1)
+def selected_sum(tensors, dtype: torch.dtype | None = None) -> int:
+    """One number for a list of tensors (``checksum`` of each, cast to ``dtype`` when given, summed modulo 2^64)."""
+    return sum(checksum(t, dtype) for t in tensors) & ((1 << 64) - 1)
 
 
 def digest(tensor: torch.Tensor) -> str:
@@ -296,7 +296,7 @@ class EngineParamSet:
     @property
     def masters_in_engine(self) -> bool:
         """The float32 masters live in the workers only (``local.masters_elsewhere``)."""
-        return bool(getattr(self.local, "masters_elsewhere", False))
+        return self.local.masters_elsewhere
 
     @property
     def keeps_masters(self) -> bool:
@@ -320,25 +320,16 @@ class EngineParamSet:
         return [state[name].view_as(t) for name, t in zip(self.names, self.tensors)]
 
     def save_masters(self, directory: Path) -> None:
-        """Write ``masters.safetensors`` into ``directory`` (a checkpoint): from the worker when the masters
-        live there, so they never pass through the driver."""
+        """Masters in the engine: the worker writes ``masters.safetensors`` into ``directory`` (a checkpoint),
+        so they never pass through the driver (``engine.save_masters`` calls this only then)."""
         self.catch_up()
-        if self.masters_in_engine:
-            self.generator.rpc("es_save_masters", str(Path(directory) / "masters.safetensors"))
-        elif self.local.masters is not None:
-            from safetensors.torch import save_file
-
-            save_file(self.local.state_dict(), str(Path(directory) / "masters.safetensors"))
+        self.generator.rpc("es_save_masters", str(Path(directory) / "masters.safetensors"))
 
     def load_masters(self, state: dict[str, torch.Tensor]) -> None:
-        """Set the masters (a checkpoint's, on resume) and the driver's weights to their cast; the workers
-        receive the masters now and the weights with the next ``sync_weights``."""
+        """Masters in the engine: set the driver's weights to the cast of ``state`` (a checkpoint's masters, on
+        resume) and send the masters to the workers now; the weights follow with the next ``sync_weights``."""
         for k, name in enumerate(self.names):
             self.local.tensors[k].copy_(state[name].to(torch.float32).view_as(self.local.tensors[k]))
-        if not self.masters_in_engine:
-            for k, name in enumerate(self.names):
-                self.local.masters[k].copy_(state[name].to(torch.float32).view_as(self.local.masters[k]))
-            return
         from safetensors.torch import save_file
 
         path = self.generator.workdir / "masters-in.safetensors"
@@ -413,7 +404,7 @@ class EngineParamSet:
         if local.masters is not None:
             return selected_sum(local.masters)
         if self.masters_in_engine:
-            return sum(checksum(t, torch.float32) for t in local.tensors) & ((1 << 64) - 1)
+            return selected_sum(local.tensors, torch.float32)
         return selected_sum(local.tensors)
 
     def worker_masters_sum(self) -> int:

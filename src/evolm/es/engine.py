@@ -223,7 +223,7 @@ def check_header(header: dict, params: ParamSet, cfg) -> None:
 # -- checkpoints ------------------------------------------------------------------------------------
 
 def save_masters(params: ParamSet, directory: Path) -> None:
-    if hasattr(params, "save_masters"):  # masters held by a replica (a vLLM engine) write themselves
+    if getattr(params, "masters_in_engine", False):  # masters held by a replica (a vLLM engine) write themselves
         params.save_masters(directory)
     elif params.masters is not None:
         from safetensors.torch import save_file
@@ -250,7 +250,7 @@ def load_masters(params: ParamSet, directory: Path, model) -> None:
             aliases.setdefault(id(p), []).append(name)
         named = dict(model.named_parameters(remove_duplicate=False))
         state = {name: next(state[a] for a in aliases[id(named[name])] if a in state) for name in params.names}
-    if hasattr(params, "load_masters"):  # a replica (a vLLM engine) holds them
+    if getattr(params, "masters_in_engine", False):  # a replica (a vLLM engine) holds them
         params.load_masters(state)
         return
     for k, name in enumerate(params.names):

@@ -142,10 +142,10 @@ class ParamSet:
     @property
     def keeps_masters(self) -> bool:
         """Whether the run has float32 masters (here, or in the replica when ``masters_elsewhere``)."""
-        return self.masters is not None or getattr(self, "masters_elsewhere", False)
+        return self.masters is not None or self.masters_elsewhere
 
     def _arithmetic_here(self) -> None:
-        if getattr(self, "masters_elsewhere", False):
+        if self.masters_elsewhere:
             raise RuntimeError("this ParamSet's float32 masters live in its replica (masters_elsewhere): "
                                "perturb and update there")
 
