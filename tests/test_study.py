@@ -326,6 +326,38 @@ def test_value_tests_report_intervals_and_p_values(tmp_path):
         outcome(tmp_path, value("F", "analyses/c1c2/drift.json", "models.es.relative_distanc"))
 
 
+def test_a_value_test_reads_a_dtype_null_record_on_the_null_s_own_scale(tmp_path):
+    """analyze magnitude's dtype-matched null (Q3c): the estimate is observed / the null's mean and the null's
+    interval is divided by the same mean, so a count inside the null reads inconclusive, one below it reproduces
+    "<", and a null that puts nothing in the category gives no ratio (it used to raise: the record is a dict)."""
+    import torch
+
+    from evolm.analysis.magnitude import dtype_null_localisation, ulp
+
+    g = torch.Generator().manual_seed(0)
+    norm, mat = "model.layers.0.input_layernorm.weight", "model.layers.0.mlp.up_proj.weight"
+    base = {norm: (1 + 0.5 * torch.rand(2000, generator=g)).bfloat16().float(),
+            mat: (0.02 * torch.randn(200, 100, generator=g)).bfloat16().float()}
+    def walk(moves):  # one +1-ulp step on every coordinate of the tensors in moves
+        return {n: (x + ulp(x, "bfloat16") * (n in moves)).bfloat16().float() for n, x in base.items()}
+    d = tmp_path / "data" / "analyses" / "m"
+    d.mkdir(parents=True)
+    for name, moves in (("all", {norm, mat}), ("matrices", {mat})):
+        rec = dtype_null_localisation(base, walk(moves), "bfloat16", k=100, permutations=20)
+        (d / f"{name}.json").write_text(json.dumps({"models": {"es": {"dtype_null": rec}}}))
+    res = outcome(tmp_path, value("A", "analyses/m/all.json", "models.es.dtype_null.by_category.norm", expect="<")
+                  + value("B", "analyses/m/matrices.json", "models.es.dtype_null.by_category.norm", expect="<")
+                  + value("C", "analyses/m/matrices.json", "models.es.dtype_null.by_category.mlp", expect=">"))
+    same, none_moved, mlp = (r.tests[0] for r in res)
+    # every coordinate one step: the norm weights' large ulp puts all 100 there, observed and null alike
+    assert same.estimate == pytest.approx(1.0) and same.null == pytest.approx([1.0, 1.0]) and same.verdict == INCONCLUSIVE
+    # the norm weights never moved: 0 observed where a shuffle of the step counts puts most of the top there
+    assert none_moved.estimate == 0 and none_moved.null[0] > 0 and none_moved.verdict == REPRODUCED
+    assert "under the dtype-matched null" in study.describe(none_moved) and "null 95%" in study.describe(none_moved)
+    # ... and the MLP holds all 100 observed where the null puts none: no ratio to read
+    assert mlp.estimate is None and mlp.verdict == INCONCLUSIVE and "no ratio" in mlp.detail
+
+
 def test_per_problem_list_values_get_a_bootstrap_interval(tmp_path):
     d = tmp_path / "data" / "analyses" / "c3"
     d.mkdir(parents=True)
@@ -475,7 +507,7 @@ def test_copied_run_directory_reads_like_a_run(tmp_path):
 def test_the_committed_claims_file():
     claims = load_claims(ROOT / "experiments" / "study" / "claims.toml")
     ids = [c.id for c in claims.claim]
-    assert ids == [f"C{i}" for i in range(1, 10)] + ["Q1", "Q2", "Q3"]
+    assert ids == [f"C{i}" for i in range(1, 10)] + ["Q1", "Q2", "Q3a", "Q3b", "Q3c"]
     for c in claims.claim:
         assert c.claim and c.paper and c.command and c.decide and c.cost, c.id
         assert c.not_run or c.test, f"{c.id} is neither run nor says why not"

@@ -551,6 +551,25 @@ def _list_value(result: Outcome, test: ClaimTest, node: list, where: str, read: 
     return result
 
 
+def _dtype_null_value(result: Outcome, test: ClaimTest, node: dict) -> Outcome:
+    """A category's top-k count against ``analyze magnitude``'s dtype-matched null (the same number of ulp-steps
+    per coordinate, shuffled within the dtype's spacing): the estimate is observed / the null's mean, and the null's
+    own 95% interval (its shuffles' 2.5-97.5th percentiles, in counts) is put on the same scale, so the value must
+    clear the threshold and lie outside the null to count either way. The shuffles' interval is empirical: it is
+    not widened at the family-wise level."""
+    mean = node["null_mean"]
+    if not mean:
+        result.verdict = INCONCLUSIVE
+        result.detail = f"{node.get('observed'):.3g} observed; the null puts none there, so there is no ratio"
+        return result
+    result.estimate = node["enrichment"]
+    result.null = [x / mean for x in node["null_interval"]]
+    result.p = node.get("p_enriched" if test.expect == ">" else "p_depleted")
+    result.detail = f"{node['observed']:.3g} observed, {mean:.3g} under the dtype-matched null"
+    result.verdict = value_verdict(test.expect, result.estimate, test.threshold, None, result.null)
+    return result
+
+
 def _value(claim: str, test: ClaimTest, label: str, files: list[Path], read: Reader, at: Level = Level()) -> Outcome:
     path, over = files[0], (files[1] if test.over or test.minus else None)
     result = Outcome(claim, test.kind, label, NOT_RUN, name=test.name, expect=test.expect, threshold=test.threshold,
@@ -563,6 +582,10 @@ def _value(claim: str, test: ClaimTest, label: str, files: list[Path], read: Rea
         return _list_value(result, test, node, where, read, over, at)
     if test.minus is not None:
         raise UserError(f"{where} is not a per-problem list; minus subtracts lists: drop minus or point path at a list")
+    if isinstance(node, dict) and "null_interval" in node and "null_mean" in node:  # analyze magnitude's dtype-matched null
+        if over is not None:
+            raise UserError(f"{where} is a dtype-null record; over divides numbers only: drop over or point path at a number")
+        return _dtype_null_value(result, test, node)
     if isinstance(node, dict) and ("enrichment_interval" in node or "null_enrichment_interval" in node):
         if over is not None:
             raise UserError(f"{where} is an enrichment record; over divides numbers only: drop over or point path at a number")
