@@ -270,11 +270,18 @@ def test_a_reference_run_without_weights_resumes_by_replay_with_its_rounding(tmp
         _run(cfg_b, tokenizer, vowel_task, callbacks=(kill_at(3),))
     run_b = RunDir.open(tmp_path / "b" / "run")
     shutil.rmtree(run_b.checkpoint_dir)
+    shutil.rmtree(run_b.path / "base")  # a copy without weights has no base/ either
     fresh = make_tiny_model(tokenizer).to(torch.bfloat16)
     run_es(cfg_b, resume=run_b, model=fresh, tokenizer=tokenizer, task=vowel_task,
            generator=HFGenerator(fresh, tokenizer, 16), quiet=True)
     for (n, p), (_, q) in zip(straight.named_parameters(), fresh.named_parameters()):
         assert torch.equal(p.view(torch.int16), q.view(torch.int16)), n
+    from transformers import AutoModelForCausalLM  # the analyses' base: rebuilt, with the recorded fingerprint
+
+    from evolm.state import model_fingerprint
+
+    rebuilt = AutoModelForCausalLM.from_pretrained(run_b.path / "base", dtype=torch.bfloat16)
+    assert model_fingerprint(rebuilt) == run_b.info()["base"]["fingerprint"]
     first = [r["ref_error_rel"] for r in run_a.train_records()]
     assert [r["ref_error_rel"] for r in run_b.train_records()] == first  # step 4's shadow was not doubled
 

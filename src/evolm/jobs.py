@@ -305,6 +305,8 @@ def open_run(cfg, kind: str, *, resume: RunDir | str | Path | None = None, run_d
                 "measured again when the run finishes)")
         run.update_info(status="running", resumed_from_step=start.step, **this_process(),
                         **({"auto": cfg.auto_notes} if getattr(cfg, "auto_notes", None) else {}))
+        if model is not None:
+            restore_base_dir(run, model, say)
         changed = ", ".join(f"{k} {_show(v['old'])} -> {_show(v['new'])}" for k, v in changes.items())
         say(f"[evolm] resuming {run.path} {rules.where or 'from ' + start.describe()}"
             + (f"; changed: {changed}" if changed else ""))
@@ -324,6 +326,22 @@ def open_run(cfg, kind: str, *, resume: RunDir | str | Path | None = None, run_d
             save_model_dir(run.path / BASE_DIR, model, None, extra={"base.json": base})
         run.update_info(base=base)
     return run, Start()
+
+
+def restore_base_dir(run: RunDir, model, say: Say = print) -> None:
+    """A resumed run whose ``run.json`` keeps its rounded base in ``<run>/base/`` but whose directory lacks it
+    (a copy without weights: a committed run continued by replaying its seed log) gets it back from ``model``,
+    the rounded weights the resume starts from, when their fingerprint is the recorded one; the analyses read
+    ``base/`` as the run's own base. Another fingerprint writes nothing and says so."""
+    base = run.info().get("base") or {}
+    if base.get("weights") != BASE_DIR or (run.path / BASE_DIR).exists():
+        return
+    if model_fingerprint(model) != base.get("fingerprint"):
+        say(f"[evolm] {run.path / BASE_DIR} is missing and the model this resume starts from is not the recorded base "
+            "(another fingerprint): not rebuilt; analyses need --base")
+        return
+    save_model_dir(run.path / BASE_DIR, model, None, extra={"base.json": base})
+    say(f"[evolm] {run.path / BASE_DIR}: the run's rounded base weights rebuilt (fingerprint {base['fingerprint']}, as recorded)")
 
 
 def record_plugins(run: RunDir, task: Task) -> None:
