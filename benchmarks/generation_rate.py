@@ -3,6 +3,7 @@ the same machine, thread count and run.
 
     python benchmarks/generation_rate.py                          # SmolLM2-135M, CPU, 1 thread
     python benchmarks/generation_rate.py --json docs/benchmarks/generation_rate_cpu.json
+    python benchmarks/generation_rate.py --dtype bfloat16 --json docs/benchmarks/generation_rate_cpu_bf16.json
 
 Method (one process, one thread, so both sides see the same machine):
 - the work: an ES member's generation of one iteration (``HFGenerator.generate`` on the task's
@@ -13,9 +14,11 @@ Method (one process, one thread, so both sides see the same machine):
   and the shared prefix once, as it runs), so the rate is what the hardware did, not a model estimate;
 - time: CPU seconds of the process (``time.process_time``; less sensitive to other jobs than wall
   time) of ``repeats`` calls, median;
-- GEMM reference: a float32 ``torch.mm`` at the shapes this generation runs most, (batch x hidden) @
+- GEMM reference: ``torch.mm`` in the model's dtype (``--dtype``) at the shapes this generation runs most, (batch x hidden) @
   (hidden x intermediate) for decode steps and (prompt rows x hidden) @ (hidden x intermediate) for
-  prefill, plus a 1024^3 square product, measured in between the generation repeats;
+  prefill, plus a 1024^3 square product, measured in between the generation repeats; a bfloat16 run
+  also measures the float32 GEMM at the decode shape, so the two dtypes' rates compare on one scale (a
+  CPU with AMX or AVX512-BF16 multiplies bf16 several times faster than float32);
 - the profile: ``torch.profiler`` self-CPU time of one call by operator (matmul, KV-cache
   concatenation, attention, the rest).
 Target (issue 27): effective FLOP rate >= 80% of the GEMM rate.
@@ -43,11 +46,11 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def gemm_rate(m: int, k: int, n: int, seconds: float = 1.0) -> float:
-    """GFLOP/s of float32 ``(m x k) @ (k x n)`` on this thread (CPU time)."""
+def gemm_rate(m: int, k: int, n: int, seconds: float = 1.0, dtype: str = "float32") -> float:
+    """GFLOP/s of ``(m x k) @ (k x n)`` in ``dtype`` on this thread (CPU time)."""
     import torch
 
-    a, b = torch.randn(m, k), torch.randn(k, n)
+    a, b = torch.randn(m, k, dtype=getattr(torch, dtype)), torch.randn(k, n, dtype=getattr(torch, dtype))
     a @ b
     calls, t0 = 0, time.process_time()
     while time.process_time() - t0 < seconds:
@@ -56,7 +59,7 @@ def gemm_rate(m: int, k: int, n: int, seconds: float = 1.0) -> float:
     return 2 * m * k * n * calls / (time.process_time() - t0) / 1e9
 
 
-def measure(model, tokenizer, task_name: str, new_tokens: int, prompts_n: int, repeats: int) -> dict:
+def measure(model, tokenizer, task_name: str, new_tokens: int, prompts_n: int, repeats: int, dtype: str = "float32") -> dict:
     import torch
     from torch.profiler import ProfilerActivity, profile
     from torch.utils.flop_counter import FlopCounterMode
@@ -77,14 +80,16 @@ def measure(model, tokenizer, task_name: str, new_tokens: int, prompts_n: int, r
     flops = counter.get_total_flops()
     cfg = model.config
     ids, _, prefix = generator._layout(prompts)
-    times, decode, prefill = [], [], []
+    times, decode, prefill, decode32 = [], [], [], []
     for _ in range(repeats):
         t0 = time.process_time()
         generator.generate(prompts, sampling)
         times.append(time.process_time() - t0)
-        decode.append(gemm_rate(prompts_n, cfg.hidden_size, cfg.intermediate_size, 0.5))
-        prefill.append(gemm_rate(prompts_n * (len(ids[0]) - len(prefix)), cfg.hidden_size, cfg.intermediate_size, 0.5))
-    square = gemm_rate(1024, 1024, 1024)
+        decode.append(gemm_rate(prompts_n, cfg.hidden_size, cfg.intermediate_size, 0.5, dtype))
+        prefill.append(gemm_rate(prompts_n * (len(ids[0]) - len(prefix)), cfg.hidden_size, cfg.intermediate_size, 0.5, dtype))
+        if dtype != "float32":
+            decode32.append(gemm_rate(prompts_n, cfg.hidden_size, cfg.intermediate_size, 0.5))
+    square = gemm_rate(1024, 1024, 1024, dtype=dtype)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         generator.generate(prompts, sampling)
     by_op = {e.key: e.self_cpu_time_total for e in prof.key_averages()}
@@ -96,12 +101,14 @@ def measure(model, tokenizer, task_name: str, new_tokens: int, prompts_n: int, r
     seconds = statistics.median(times)
     rate = flops / seconds / 1e9
     reference = statistics.median(decode)
-    return {"task": task_name, "new_tokens": new_tokens, "prompts": prompts_n, "prompt_width": len(ids[0]),
+    float32 = statistics.median(decode32) if decode32 else reference
+    return {"task": task_name, "dtype": dtype, "new_tokens": new_tokens, "prompts": prompts_n, "prompt_width": len(ids[0]),
             "shared_prefix": len(prefix), "generated_tokens": sum(c.num_tokens for o in outs for c in o),
             "gflop_per_call": flops / 1e9, "cpu_seconds": seconds, "gflops": rate,
             "gemm_gflops_decode_shape": reference, "gemm_gflops_prefill_shape": statistics.median(prefill),
             "gemm_gflops_square": square, "fraction_of_decode_gemm": rate / reference,
-            "fraction_of_square_gemm": rate / square, "profile_share": share, "repeats": repeats}
+            "fraction_of_square_gemm": rate / square, "gemm_gflops_decode_shape_float32": float32,
+            "fraction_of_float32_decode_gemm": rate / float32, "profile_share": share, "repeats": repeats}
 
 
 def main() -> None:
@@ -111,6 +118,7 @@ def main() -> None:
     p.add_argument("--prompts", type=int, default=32)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--shapes", default=",".join(f"{t}:{n}" for t, n in SHAPES), help="task:new_tokens,...")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="the model's and the GEMM's dtype")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args()
     import os
@@ -120,22 +128,24 @@ def main() -> None:
     from evolm import models
 
     torch.set_num_threads(args.threads)
-    model, tokenizer = models.load(args.model, threads=args.threads)
+    model, tokenizer = models.load(args.model, dtype=args.dtype, threads=args.threads)
     rows = []
     for item in args.shapes.split(","):
         task, tokens = item.split(":")
-        rows.append(measure(model, tokenizer, task, int(tokens), args.prompts, args.repeats))
-    result = {"device": _cpu_name(), "threads": args.threads, "model": args.model, "torch": torch.__version__,
+        rows.append(measure(model, tokenizer, task, int(tokens), args.prompts, args.repeats, args.dtype))
+    result = {"device": _cpu_name(), "threads": args.threads, "model": args.model, "dtype": args.dtype, "torch": torch.__version__,
               "attn_implementation": model.config._attn_implementation, "load_before": os.getloadavg()[0],
               "load_after": None, "rows": rows}
     result["load_after"] = os.getloadavg()[0]
     print(f"| task | new tokens | GFLOP/call | GFLOP/s | GEMM GFLOP/s (decode shape) | fraction | square GEMM | "
-          f"matmul / cat / attention / other |  ({result['device']}, {args.threads} thread)")
-    print("|---|---|---|---|---|---|---|---|")
+          f"float32 GEMM (decode shape) | fraction of it | matmul / cat / attention / other |  "
+          f"({result['device']}, {args.threads} thread, {args.dtype})")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         s = r["profile_share"]
         print(f"| {r['task']} | {r['new_tokens']} | {r['gflop_per_call']:.1f} | {r['gflops']:.1f} | "
               f"{r['gemm_gflops_decode_shape']:.1f} | {r['fraction_of_decode_gemm']:.2f} | {r['gemm_gflops_square']:.1f} | "
+              f"{r['gemm_gflops_decode_shape_float32']:.1f} | {r['fraction_of_float32_decode_gemm']:.2f} | "
               f"{s['matmul']:.0%} / {s['kv_cache_cat']:.0%} / {s['attention']:.0%} / {s['other']:.0%} |")
     print(f"load average {result['load_before']:.2f} -> {result['load_after']:.2f}")
     if args.json:
