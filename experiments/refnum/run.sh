@@ -91,10 +91,13 @@ gemma() {
   run es gemma-es-reference-bf16
 }
 
-analyses() {  # each run against its own base (the bf16 runs: their bf16-rounded base/, checked by fingerprint)
-  analyse "$OUT/analyses/smollm2" exact-f32=smollm2-es-exact-f32 reference-bf16=smollm2-es-reference-bf16 \
-    exact-bf16=smollm2-es-exact-bf16 grpo-bf16=smollm2-grpo-bf16
-  analyse "$OUT/analyses/gemma" exact-f32=gemma-es-exact-f32 reference-bf16=gemma-es-reference-bf16
+analyses() {  # each run against its own base (the bf16 runs: their bf16-rounded base/, checked by fingerprint), one directory per run
+  local name label
+  for name in smollm2-es-exact-f32 smollm2-es-reference-bf16 smollm2-es-exact-bf16 smollm2-grpo-bf16 gemma-es-exact-f32 gemma-es-reference-bf16; do
+    label=${name#*-es-}; label=${label#smollm2-}  # exact-f32, reference-bf16, exact-bf16, grpo-bf16
+    analyse "$OUT/analyses/$name" "$label=$name"
+  done
+  "$PY" experiments/refnum/summarise.py "$OUT" --out docs/study/refnum
   # the restore error per update of the reference runs: metrics.jsonl, ref_* (docs/es.md)
   "$PY" - "$OUT" <<'PYEOF'
 import json, sys

@@ -10,6 +10,10 @@ restore error, from the exact float32 shadow logged per update), the sparsity fr
 single-update RMS (lr / √N) against the paper's 77.6-93.0% and the Gaussian-walk prediction erf(m / √(2T)),
 the top-100 |Δ| by category against the exchangeable null (enrichment, exact 95% interval, one-sided p) and,
 for bf16 arithmetic, against the dtype-matched null, and the share of moved coordinates that moved one ulp.
+The runs with task rewards (the real arms: ES in the three arithmetics and GRPO in bf16, each with a held-out
+evaluation before and after) add their held-out pass@k and entropy, and ``task_contrasts`` sets each against
+the exact float32 ES run of the same model and horizon. Rows of runs no longer under RUNS (a walk rebuilt
+elsewhere, or analysed at an earlier update) are kept from the existing summary.json.
 Nothing is computed from the weights here: every number is read from a file the analyses wrote.
 """
 
@@ -22,7 +26,8 @@ import shutil
 import sys
 from pathlib import Path
 
-SMALL = ("config.toml", "run.json", "config_history.jsonl", "seed_log.jsonl", "metrics.jsonl")
+SMALL = ("config.toml", "run.json", "config_history.jsonl", "seed_log.jsonl", "metrics.jsonl", "eval_before.json", "eval_after.json")
+HELDOUT = ("greedy", "pass@1", "pass@4", "pass@16", "entropy", "distinct_correct")
 CATS = ("norm", "attention", "mlp", "embedding")
 PAPER_SPARSITY = (0.776, 0.930)
 
@@ -45,12 +50,18 @@ def summarise_run(run: Path, analyses: Path, at: int | None = None) -> dict:
     import tomllib
 
     cfg = tomllib.loads((run / "config.toml").read_text())
-    label = None
+    es = cfg.get("es")  # None: a GRPO run (its updates are AdamW's; no single-update RMS, no walk prediction)
     out = {"run": run.name + (f"-at-{at}" if at is not None else ""), "model": cfg["model"]["spec"], "dtype": cfg["model"]["dtype"],
-           "arithmetic": cfg["es"].get("arithmetic", "exact"), "population": cfg["es"]["population"],
-           "lr": cfg["es"]["lr"], "sigma": cfg["es"]["sigma"], "fitness": info.get("fitness", "task reward"),
-           "updates": max((int(r["step"]) for r in train), default=0), "finished": (run / "final" / "config.json").exists()}
-    out["single_update_rms"] = out["lr"] / math.sqrt(out["population"])
+           "method": "es" if es else "grpo", "arithmetic": es.get("arithmetic", "exact") if es else "autograd",
+           "population": es["population"] if es else None, "lr": (es or cfg["grpo"])["lr"], "sigma": es["sigma"] if es else None,
+           "fitness": info.get("fitness", "task reward"), "updates": max((int(r["step"]) for r in train), default=0),
+           "finished": (run / "final" / "config.json").exists() or info.get("status") == "finished"}
+    out["single_update_rms"] = out["lr"] / math.sqrt(out["population"]) if es else None
+    before, after = _load(run / "eval_before.json"), _load(run / "eval_after.json")
+    if before and after and at is None:  # held-out: the same problems before and after (the real arms)
+        out["heldout"] = {"problems": after["summary"]["problems"], "n": after["summary"]["n"], "step": after.get("step"),
+                          **{m: {"before": before["summary"][m], "after": after["summary"][m],
+                                 "change": after["summary"][m] - before["summary"][m]} for m in HELDOUT}}
     last = train[-1] if train else {}
     if "ref_error_rel" in last:  # the exact float32 shadow of the same updates (reference arithmetic)
         out["restore_error"] = {k: last[k] for k in ("ref_error_rel", "ref_error_frac", "ref_moved_rel", "ref_moved_exact_rel",
@@ -61,7 +72,8 @@ def summarise_run(run: Path, analyses: Path, at: int | None = None) -> dict:
     if drift:
         label, m = next(iter(drift["models"].items()))
         out["drift"] = {"relative_distance": m["relative_distance"], "changed_fraction": m["num_changed"] / m["num_params"],
-                        "rms_delta": m["rms_delta"], "walk_rms": out["single_update_rms"] * math.sqrt(out["updates"]),
+                        "rms_delta": m["rms_delta"],
+                        "walk_rms": out["single_update_rms"] * math.sqrt(out["updates"]) if es else None,
                         "share_of_squared_distance": {c: m["by_category"][c]["share_of_squared_distance"] for c in CATS
                                                       if c in m["by_category"]}}
     sp = _load(analyses / "sparsity.json")
@@ -70,7 +82,7 @@ def summarise_run(run: Path, analyses: Path, at: int | None = None) -> dict:
         T = max(out["updates"], 1)
         out["sparsity"] = {"multipliers": sp["multipliers"], "tau": m["taus"],
                            "fraction_below_of_nonzero": m["fraction_below"],
-                           "walk_prediction": [math.erf(x / math.sqrt(2 * T)) for x in sp["multipliers"]],
+                           "walk_prediction": [math.erf(x / math.sqrt(2 * T)) for x in sp["multipliers"]] if es else None,
                            "nonzero_fraction": m["num_nonzero"] / m["num_params"], "paper": list(PAPER_SPARSITY),
                            "by_category": {c: m["by_category"][c]["fraction_below"] for c in CATS if c in m["by_category"]}}
     loc = _load(analyses / "localisation.json")
@@ -106,9 +118,9 @@ def contrasts(rows: list[dict]) -> dict:
     (the float32 run's analyses at that update, replayed, when it ran longer): drift ratio, the share of
     moved coordinates below τ = 1 × the single-update RMS (and its difference), the share that moved."""
     out = {}
-    for ref in (r for r in rows if r["arithmetic"] == "reference" and "drift" in r):
+    for ref in (r for r in rows if r["arithmetic"] == "reference" and r["fitness"] != "task reward" and "drift" in r):
         exact = [r for r in rows if r["model"] == ref["model"] and r["arithmetic"] == "exact" and r["dtype"] == "float32"
-                 and r["updates"] == ref["updates"] and "drift" in r]
+                 and r["updates"] == ref["updates"] and r["fitness"] == ref["fitness"] and "drift" in r]
         if not exact:
             continue
         e = exact[0]
@@ -123,6 +135,32 @@ def contrasts(rows: list[dict]) -> dict:
     return out
 
 
+def task_contrasts(rows: list[dict]) -> dict:
+    """The real arms (task rewards), per model: every other run (reference bf16, exact bf16, GRPO bf16) against
+    the exact float32 ES run of the same model and horizon: drift ratio, moved share, share of moved below
+    τ = 1 × the ES single-update RMS, the expected top-100 norm / attention count (ties split evenly) and the
+    held-out changes side by side."""
+    out = {}
+    for base in (r for r in rows if r["fitness"] == "task reward" and r["method"] == "es" and r["arithmetic"] == "exact"
+                 and r["dtype"] == "float32" and "drift" in r):
+        arms = {}
+        for r in rows:
+            if r is base or r["fitness"] != "task reward" or r["model"] != base["model"] or r["updates"] != base["updates"] or "drift" not in r:
+                continue
+            arms[r["run"]] = {"method": r["method"], "arithmetic": r["arithmetic"], "dtype": r["dtype"],
+                              "drift_ratio": r["drift"]["relative_distance"] / base["drift"]["relative_distance"],
+                              "moved": r["drift"]["changed_fraction"], "below_tau": _below_1x(r),
+                              "top100_norm": r.get("top_k", {}).get("100", {}).get("norm", {}).get("observed"),
+                              "top100_attention": r.get("top_k", {}).get("100", {}).get("attention", {}).get("observed"),
+                              "heldout_change": {m: v["change"] for m, v in r.get("heldout", {}).items() if isinstance(v, dict)}}
+        out[base["model"]] = {"updates": base["updates"], "exact_f32": base["run"],
+                              "exact_f32_drift": base["drift"]["relative_distance"], "exact_f32_moved": base["drift"]["changed_fraction"],
+                              "exact_f32_below_tau": _below_1x(base),
+                              "exact_f32_heldout_change": {m: v["change"] for m, v in base.get("heldout", {}).items() if isinstance(v, dict)},
+                              "arms": arms}
+    return out
+
+
 def _f(x, fmt=".3g"):
     return "—" if x is None else format(x, fmt)
 
@@ -134,7 +172,7 @@ def markdown(rows: list[dict]) -> str:
     for r in rows:
         d, t, tie = r.get("drift", {}), r.get("top_k", {}).get("100"), r.get("at_least_kth", {}).get("100")
         below, s = _below_1x(r), r.get("sparsity")
-        walk = s["walk_prediction"][s["multipliers"].index(1.0)] if s else None
+        walk = s["walk_prediction"][s["multipliers"].index(1.0)] if s and s["walk_prediction"] else None
         err = r.get("restore_error", {})
         ratio = err.get("ref_moved_ratio")
         counts = " / ".join(str(t[c]["observed"]) for c in CATS) if t else "—"
@@ -142,6 +180,14 @@ def markdown(rows: list[dict]) -> str:
         lines.append(f"| {r['run']} | {r['updates']} | {_f(d.get('relative_distance'))} | {_f(ratio, '.3f') if ratio else '1 (exact)'} "
                      f"| {_f(err.get('ref_error_rel'))} | {_f(d.get('changed_fraction'), '.1%')} | {_f(below, '.1%') if below is not None else '—'} "
                      f"| {_f(walk, '.1%') if walk is not None else '—'} | {counts} | {ties} |")
+    real = [r for r in rows if "heldout" in r]
+    if real:
+        lines += ["", "Held-out (the same 64 test problems before and after, 16 samples at T = 1; greedy: one greedy answer each):", "",
+                  "| run | method / arithmetic / dtype | T | " + " | ".join(HELDOUT) + " |", "|---|---|---|" + "---|" * len(HELDOUT)]
+        for r in real:
+            h = r["heldout"]
+            lines.append(f"| {r['run']} | {r['method']} / {r['arithmetic']} / {r['dtype']} | {r['updates']} | "
+                         + " | ".join(f"{h[m]['before']:.3f} → {h[m]['after']:.3f}" for m in HELDOUT) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -174,9 +220,14 @@ def main(argv=None) -> int:
                 if f.suffix in (".json", ".png"):
                     shutil.copy2(f, adest / f.name)
             rows.append(summarise_run(run, earlier, at))
-    rows.sort(key=lambda r: (r["model"], r["updates"], r["run"]))
-    (out / "summary.json").write_text(json.dumps({"runs": {r["run"]: r for r in rows}, "contrasts": contrasts(rows)},
-                                                 indent=1) + "\n")
+    earlier = _load(out / "summary.json") or {"runs": {}}
+    have = {r["run"] for r in rows}
+    rows += [r for name, r in earlier["runs"].items() if name not in have]  # walks not under RUNS now: their rows as written
+    for r in rows:  # rows written before GRPO runs were summarised
+        r.setdefault("method", "es")
+    rows.sort(key=lambda r: (r["model"], r["fitness"] == "task reward", r["updates"], r["run"]))
+    (out / "summary.json").write_text(json.dumps({"runs": {r["run"]: r for r in rows}, "contrasts": contrasts(rows),
+                                                  "task_contrasts": task_contrasts(rows)}, indent=1) + "\n")
     (out / "summary.md").write_text(markdown(rows))
     print((out / "summary.md").read_text())
     return 0
