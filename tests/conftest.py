@@ -18,6 +18,9 @@ import os
 # (evolm.machine.usable_cores), so a default config runs one thread in one process and never starts Ray.
 # Tests of the resolution itself set the cores they need (tests/test_auto.py).
 os.environ["OMP_NUM_THREADS"] = "1"
+# Likewise model.dtype = "auto" means bfloat16 for ES on a CPU with AMX (evolm.machine.cpu_bf16_native):
+# the suite reads every CPU as one without, so a default config is float32 on every CI machine.
+os.environ["EVOLM_CPU_BF16"] = "0"
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -19,9 +19,11 @@ from evolm.errors import UserError
 
 @pytest.fixture
 def cores(monkeypatch):
-    """A machine with ``n`` usable cores, Ray installed and no GPU (call it to set n)."""
-    def set_cores(n: int, ray: bool = True, cuda: bool = False):
+    """A machine with ``n`` usable cores, Ray installed, no GPU and no AMX (call it to set n)."""
+    def set_cores(n: int, ray: bool = True, cuda: bool = False, amx: bool = False):
         monkeypatch.setattr(machine, "usable_cores", lambda: (n, f"{n} cores"))
+        monkeypatch.setattr(machine, "cpu_bf16_native", lambda: (amx, "a CPU with AMX bf16 matrix units" if amx
+                                                                 else "a CPU without AMX"))
         monkeypatch.setattr(machine, "ray_importable", lambda: ray)
         monkeypatch.setattr(machine, "cuda_available", lambda: cuda)
         monkeypatch.setattr(machine, "cuda_free_fraction", lambda device="cuda": (60.0, 80.0))
@@ -115,6 +117,28 @@ def test_cuda_means_bf16_generation_for_es_and_float32_for_grpo(cores):
     assert actors.generation.vllm_gpu_memory_utilization == 0.25 and actors.generation.vllm_kv_cache_gb == 3.75
 
 
+def test_a_cpu_with_amx_means_bf16_generation_for_es_and_float32_for_grpo(cores):
+    from evolm.grpo import GRPOJob
+
+    cores(2, amx=True)
+    cfg = config.from_dict(config.ESJob, {})
+    assert (cfg.model.device, cfg.model.dtype, cfg.distributed.workers, cfg.model.threads) == ("cpu", "bfloat16", 2, 1)
+    assert "model.dtype = bfloat16 (auto: ES on a CPU with AMX bf16 matrix units, float32 masters)" in cfg.auto_notes
+    assert config.from_dict(config.ESJob, {}, ["model.dtype='float32'"]).model.dtype == "float32"  # explicit: kept
+    assert config.from_dict(GRPOJob, {}).model.dtype == "float32"  # trains its own weights
+    cores(2, amx=False)
+    assert config.from_dict(config.ESJob, {}).model.dtype == "float32"
+
+
+def test_the_amx_reading_honours_evolm_cpu_bf16_then_asks_torch(monkeypatch):
+    monkeypatch.setenv("EVOLM_CPU_BF16", "1")
+    assert machine.cpu_bf16_native() == (True, "EVOLM_CPU_BF16=1")
+    monkeypatch.setenv("EVOLM_CPU_BF16", "0")
+    assert machine.cpu_bf16_native() == (False, "EVOLM_CPU_BF16=0")
+    monkeypatch.delenv("EVOLM_CPU_BF16")
+    assert machine.cpu_bf16_native()[0] == bool(torch.cpu._is_amx_tile_supported())
+
+
 def test_vllm_on_cpu_sizes_the_kv_cache_from_available_ram_and_explicit_values_stay(cores):
     cores(2)
     cfg = config.from_dict(config.ESJob, {}, ["generation.backend='vllm'"])
@@ -162,7 +186,7 @@ def test_a_resume_reuses_the_recorded_values_and_refuses_another_dtype(tmp_path,
                  task=vowel_task)
     assert "[evolm] parallelism: one process x 1 thread on cpu (auto: 1 cores)" in capsys.readouterr().out
     info = RunDir.open(run.path).info()
-    assert "model.dtype = float32 (auto: cpu)" in info["auto"]
+    assert "model.dtype = float32 (auto: cpu: a CPU without AMX)" in info["auto"]
     recorded = config.load(config.ESJob, run.config_path)
     assert (recorded.model.dtype, recorded.model.threads, recorded.distributed.workers) == ("float32", 1, 0)
     cores(4, cuda=True)  # the same run directory on a GPU box: model.dtype=auto would now mean bfloat16
@@ -171,24 +195,52 @@ def test_a_resume_reuses_the_recorded_values_and_refuses_another_dtype(tmp_path,
                resume=run.path, task=vowel_task)
 
 
+def test_an_auto_bf16_run_on_an_amx_cpu_trains_float32_masters_and_keeps_its_dtype_on_resume(tmp_path, tiny_dir, vowel_task,
+                                                                                             cores, capsys):
+    from safetensors.torch import load_file
+
+    from evolm.jobs import run_es
+    from evolm.runs import RunDir
+
+    cores(1, amx=True)
+    run = run_es(config.from_dict(config.ESJob, {}, _sets(tmp_path, tiny_dir, "es.iterations=1", "generation.max_new_tokens=8")),
+                 task=vowel_task)
+    assert "model.dtype = bfloat16 (auto: ES on a CPU with AMX" in " ".join(RunDir.open(run.path).info()["auto"])
+    assert "[evolm] model.dtype = bfloat16 (auto: ES on a CPU with AMX bf16 matrix units, float32 masters)" in capsys.readouterr().out
+    assert config.load(config.ESJob, run.config_path).model.dtype == "bfloat16"
+    train = [r for r in run.metrics() if r.get("kind") == "train"]
+    assert [r["update_status"] for r in train] == ["applied"]
+    final, base = load_file(str(run.path / "final" / "model.safetensors")), load_file(str(tiny_dir / "model.safetensors"))
+    assert all(t.dtype == torch.float32 for t in final.values())  # the float32 masters, not bf16 weights
+    assert any(not torch.equal(final[k], base[k]) for k in final if k in base)  # training moved them
+    cores(1, amx=False)  # the same run directory on a CPU without AMX: auto would now mean float32
+    with pytest.raises(UserError, match=r"model.dtype = \"float32\" \(the run's: \"bfloat16\"\)"):
+        run_es(config.load(config.ESJob, run.config_path, ["es.iterations=2", "model.dtype=auto"]), resume=run.path,
+               task=vowel_task)
+
+
 @pytest.mark.slow  # ~25 s alone (Ray's start-up, two actors), 80 s on a loaded machine
 @pytest.mark.ray
-def test_auto_ray_actors_reach_the_one_process_one_thread_weights_bit_for_bit(tmp_path, tiny_dir, vowel_task, cores, capsys):
-    """2 cores: auto picks 2 Ray actors x 1 thread; the run matches workers=0, model.threads=1 exactly."""
+@pytest.mark.parametrize("amx", [False, True], ids=["float32", "bf16-amx"])
+def test_auto_ray_actors_reach_the_one_process_one_thread_weights_bit_for_bit(tmp_path, tiny_dir, vowel_task, cores, capsys,
+                                                                              amx):
+    """2 cores: auto picks 2 Ray actors x 1 thread (and, with AMX, bf16 generation over float32 masters); the run
+    matches workers=0, model.threads=1 in the same dtype exactly."""
     pytest.importorskip("ray")
     from safetensors.torch import load_file
 
     from evolm.jobs import run_es
 
     os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")  # other people's jobs on a shared machine
-    cores(2)
+    cores(2, amx=amx)
+    dtype = "bfloat16" if amx else "float32"
     big = f"generation.max_new_tokens={config.RAY_MIN_TOKENS // (2 * 8 * 8)}"  # just enough member tokens for Ray
     cfg = config.from_dict(config.ESJob, {}, _sets(tmp_path / "auto", tiny_dir, big))
-    assert (cfg.distributed.workers, cfg.distributed.threads, cfg.model.threads) == (2, 1, 1)
+    assert (cfg.distributed.workers, cfg.distributed.threads, cfg.model.threads, cfg.model.dtype) == (2, 1, 1, dtype)
     auto = run_es(cfg, task=vowel_task)
     assert "parallelism: 2 Ray actors x 1 thread (auto: 2 cores)" in capsys.readouterr().out
     local = run_es(config.from_dict(config.ESJob, {}, _sets(tmp_path / "local", tiny_dir, big, "distributed.workers=0",
-                                                               "model.threads=1")), task=vowel_task)
+                                                               "model.threads=1", f"model.dtype='{dtype}'")), task=vowel_task)
     train = [[r for r in run.metrics() if r.get("kind") == "train"] for run in (auto, local)]
     assert all(r["ray_actors"] == 2 for r in train[0]) and "ray_actors" not in train[1][0]
     assert [r["fitness"] for r in train[0]] == [r["fitness"] for r in train[1]]

@@ -120,7 +120,7 @@ class ModelConfig:
     spec: str = "smollm2-135m"
     """Model to train: an embedded name (smollm2-135m, gemma3-270m), a model directory, a run directory, a .gguf file or a hub id."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    """Dtype the model generates in. ES always keeps float32 master weights; with float32 it perturbs them in place. auto: bfloat16 for ES on CUDA (generation in bf16, float32 masters), float32 on CPU and for GRPO and pipelines (they train the model's own weights)."""
+    """Dtype the model generates in. ES always keeps float32 master weights; with float32 it perturbs them in place. auto: bfloat16 for ES on CUDA and on a CPU with AMX bf16 matrix units (generation in bf16, about 2x float32's speed there; float32 masters, so updates are exact), float32 on other CPUs (EVOLM_CPU_BF16=0/1 overrides the CPU reading) and for GRPO and pipelines (they train the model's own weights)."""
     threads: int | Literal["auto"] = "auto"
     """torch CPU threads. auto: the cores this process may use (OMP_NUM_THREADS when set, else its CPU affinity capped by a cgroup CPU quota); an ES run that auto-chooses 1-thread Ray actors (distributed.workers) runs its driver at 1 thread too, so the whole run equals one process at 1 thread."""
     device: str = "auto"
@@ -400,8 +400,9 @@ class ProbeConfig:
 class ESJob:
     """An ES post-training run: ``evolm es --config FILE``."""
 
-    AUTO_DTYPE_CUDA = "bfloat16"
-    """What ``model.dtype = "auto"`` means on CUDA: bf16 generation, float32 masters (``resolve_auto``)."""
+    AUTO_DTYPE_FAST = "bfloat16"
+    """What ``model.dtype = "auto"`` means on CUDA and on a CPU with AMX bf16 units: bf16 generation, float32
+    masters (``resolve_auto``)."""
 
     run: RunConfig = field(default_factory=RunConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -642,8 +643,9 @@ def resolve_auto(cfg) -> list[str]:
 
     - ``model.device``: cuda when torch sees a GPU, else cpu (cpu for the driver of Ray actors without
       ``distributed.gpus``, or of vLLM actors: their engines take the GPUs).
-    - ``model.dtype``: bfloat16 for ES on CUDA (``AUTO_DTYPE_CUDA`` of the job class; the engine keeps
-      float32 masters, ``evolm.es.params``), float32 otherwise.
+    - ``model.dtype``: bfloat16 for ES on CUDA and on a CPU with AMX bf16 units (``AUTO_DTYPE_FAST`` of the
+      job class, ``machine.cpu_bf16_native``; the engine keeps float32 masters, ``evolm.es.params``, so the
+      update is float32's), float32 otherwise.
     - ``distributed.workers`` (ES): see its field docstring; Ray actors get ``distributed.threads = 1``.
     - ``model.threads``: the usable cores (``machine.usable_cores``); 1 for the driver of 1-thread actors.
     - ``generation.vllm_*``: from free GPU memory / available RAM (their field docstrings)."""
@@ -663,10 +665,18 @@ def resolve_auto(cfg) -> list[str]:
             notes.append(f"model.device = {model.device} (auto: {'a CUDA GPU' if cuda else 'no CUDA GPU'}"
                          + (", the driver of Ray actors" if cuda and driver_only else "") + ")")
         if model.dtype == AUTO:
-            low = model.device.startswith("cuda") and getattr(type(cfg), "AUTO_DTYPE_CUDA", "float32") != "float32"
-            model.dtype = type(cfg).AUTO_DTYPE_CUDA if low else "float32"
-            notes.append(f"model.dtype = {model.dtype} (auto: "
-                         + ("ES on CUDA, float32 masters" if low else f"{'cpu' if model.device == 'cpu' else 'trains its own weights'}") + ")")
+            fast = getattr(type(cfg), "AUTO_DTYPE_FAST", "float32")
+            if fast == "float32":  # GRPO and pipelines train the model's own weights
+                because = "cpu" if model.device == "cpu" else "trains its own weights"
+            elif model.device.startswith("cuda"):
+                because = "ES on CUDA, float32 masters"
+            elif model.device == "cpu":
+                amx, reading = machine.cpu_bf16_native()
+                fast, because = (fast, f"ES on {reading}, float32 masters") if amx else ("float32", f"cpu: {reading}")
+            else:
+                fast, because = "float32", model.device
+            model.dtype = fast
+            notes.append(f"model.dtype = {model.dtype} (auto: {because})")
     if dist is not None and dist.workers == AUTO:
         dist.workers, reason = _auto_workers(cfg, cores, why, machine.ray_importable())
         if dist.workers >= 2 and not dist.threads:

@@ -478,6 +478,9 @@ def run_es(cfg, resume=None, *, model=None, tokenizer=None, task: Task | None = 
     record_plugins(run, comps.task)
     say(f"[evolm] run directory: {run.path}")
     say(f"[evolm] {config_mod.parallelism(cfg)}")
+    for note in getattr(cfg, "auto_notes", []):  # the generation dtype "auto" chose (bf16 on CUDA and AMX CPUs)
+        if note.startswith("model.dtype = bfloat16"):
+            say(f"[evolm] {note}")
     with marking_failures(run), tracking(cfg, run, es_engine.METHOD, start):
         probe = start_measurements(cfg, comps, run, start, es_engine.METHOD, probe=probe, eval_before=eval_before, say=say)
         factory = population_factory

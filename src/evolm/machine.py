@@ -11,6 +11,13 @@ Design decisions:
   run starts Ray), else the cores this process may run on (``os.sched_getaffinity``), capped by a
   cgroup CPU quota (cgroup v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``) rounded down, at least 1. A
   container limited to 2 CPUs on a 64-core host is 2 cores, not 64.
+- **bf16 matrix units on the CPU** (``cpu_bf16_native``): Intel AMX (``amx_bf16``, Sapphire Rapids and
+  later), which torch's oneDNN uses for bfloat16 matmuls. On the 2-core Xeon this project measured, a bf16
+  1024^3 product ran at 6.8x float32's rate and an ES iteration at 1.74-1.80x (docs/benchmarks.md, "CPU
+  dtype"). A CPU without AMX is not counted: on the 2-core AMD EPYC this project also ran on, a bf16 ES
+  update had not finished after 14 min where a float32 one took ~4 (docs/results.md).
+  ``EVOLM_CPU_BF16=0`` / ``1`` overrides the reading (the test suite sets 0, as it sets
+  ``OMP_NUM_THREADS``, so a default config means the same on every CI machine).
 - Nothing here imports torch or Ray at module level: the CUDA reading imports torch when asked, Ray is
   only looked up (``find_spec``), never imported.
 """
@@ -72,6 +79,27 @@ def cuda_available() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+def cpu_bf16_native() -> tuple[bool, str]:
+    """Whether this CPU multiplies bfloat16 matrices in hardware (AMX), and why (for the start-up line):
+    ``EVOLM_CPU_BF16`` (0 or 1) when set, else torch's AMX reading (imports torch), else /proc/cpuinfo's
+    ``amx_bf16`` flag."""
+    env = os.environ.get("EVOLM_CPU_BF16", "").strip().lower()
+    if env in ("0", "1", "false", "true", "no", "yes", "off", "on"):
+        yes = env in ("1", "true", "yes", "on")
+        return yes, f"EVOLM_CPU_BF16={env}"
+    try:
+        import torch
+
+        yes = bool(torch.cpu._is_amx_tile_supported())
+    except (ImportError, AttributeError, RuntimeError):
+        try:
+            yes = any(line.startswith("flags") and " amx_bf16" in line
+                      for line in Path("/proc/cpuinfo").read_text().splitlines())
+        except OSError:
+            yes = False
+    return yes, "a CPU with AMX bf16 matrix units" if yes else "a CPU without AMX"
 
 
 def cuda_free_fraction(device: str = "cuda") -> tuple[float, float]:

@@ -71,7 +71,7 @@ class _Common:
     before_after: bool = True
     """Evaluate before and after training (eval.before_after)."""
     dtype: str = "auto"
-    """Dtype the model generates in (model.dtype; auto: bfloat16 for ES on CUDA, else float32)."""
+    """Dtype the model generates in (model.dtype; auto: bfloat16 for ES on CUDA and on a CPU with AMX, else float32)."""
     device: str = "auto"
     """torch device (model.device; auto: cuda when torch sees a GPU, else cpu)."""
     threads: int | str = "auto"
