@@ -14,6 +14,12 @@ Method (one process, one thread, so both sides see the same machine):
   and the shared prefix once, as it runs), so the rate is what the hardware did, not a model estimate;
 - time: CPU seconds of the process (``time.process_time``; less sensitive to other jobs than wall
   time) of ``repeats`` calls, median;
+- ``F.linear`` at the decode shape beside it: the same product with the weight stored (n x k) as
+  ``nn.Linear`` keeps it; on MKL's float32 path it runs well below ``torch.mm`` of a contiguous (k x n)
+  operand at these few-row shapes, which is most of float32 generation's gap (docs/benchmarks.md);
+- ``F.linear`` with its weights streamed from memory: the same product cycling through distinct weights
+  as large together as the model, so none stays in cache, as in a decode step, which reads every weight
+  once; the fraction against it is what decoding leaves of the rate the hardware gives its products;
 - GEMM reference: ``torch.mm`` in the model's dtype (``--dtype``) at the shapes this generation runs most, (batch x hidden) @
   (hidden x intermediate) for decode steps and (prompt rows x hidden) @ (hidden x intermediate) for
   prefill, plus a 1024^3 square product, measured in between the generation repeats; a bfloat16 run
@@ -59,6 +65,43 @@ def gemm_rate(m: int, k: int, n: int, seconds: float = 1.0, dtype: str = "float3
     return 2 * m * k * n * calls / (time.process_time() - t0) / 1e9
 
 
+def linear_rate(m: int, k: int, n: int, seconds: float = 1.0, dtype: str = "float32") -> float:
+    """GFLOP/s of ``F.linear(x, w)`` with ``x: (m x k)`` and ``w: (n x k)`` in ``dtype`` on this thread (CPU
+    time): the same product as ``gemm_rate(m, k, n)`` in the orientation ``nn.Linear`` stores its weight,
+    ``x @ w.T``, which is what every projection of the model runs."""
+    import torch
+    import torch.nn.functional as F
+
+    x, w = torch.randn(m, k, dtype=getattr(torch, dtype)), torch.randn(n, k, dtype=getattr(torch, dtype))
+    F.linear(x, w)
+    calls, t0 = 0, time.process_time()
+    while time.process_time() - t0 < seconds:
+        F.linear(x, w)
+        calls += 1
+    return 2 * m * k * n * calls / (time.process_time() - t0) / 1e9
+
+
+def streamed_linear_rate(m: int, k: int, n: int, total_bytes: int, seconds: float = 1.0, dtype: str = "float32") -> float:
+    """GFLOP/s of ``F.linear(x, w)`` as ``linear_rate``, but cycling through distinct weights of ``total_bytes``
+    together (the model's size), so each product reads its weight from memory as a decode step does: one
+    step touches every weight once, and a model of hundreds of MB does not stay in a core's cache between
+    steps. This is the rate the hardware gives decoding's products; ``linear_rate`` reuses one cached weight."""
+    import torch
+    import torch.nn.functional as F
+
+    dt = getattr(torch, dtype)
+    count = max(1, -(-total_bytes // (n * k * torch.finfo(dt).bits // 8)))
+    x, ws = torch.randn(m, k, dtype=dt), [torch.randn(n, k, dtype=dt) for _ in range(count)]
+    for w in ws:
+        F.linear(x, w)
+    calls, t0 = 0, time.process_time()
+    while time.process_time() - t0 < seconds:
+        for w in ws:
+            F.linear(x, w)
+        calls += count
+    return 2 * m * k * n * calls / (time.process_time() - t0) / 1e9
+
+
 def measure(model, tokenizer, task_name: str, new_tokens: int, prompts_n: int, repeats: int, dtype: str = "float32") -> dict:
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -80,12 +123,15 @@ def measure(model, tokenizer, task_name: str, new_tokens: int, prompts_n: int, r
     flops = counter.get_total_flops()
     cfg = model.config
     ids, _, prefix = generator._layout(prompts)
-    times, decode, prefill, decode32 = [], [], [], []
+    times, decode, prefill, decode32, linear, streamed = [], [], [], [], [], []
+    model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     for _ in range(repeats):
         t0 = time.process_time()
         generator.generate(prompts, sampling)
         times.append(time.process_time() - t0)
         decode.append(gemm_rate(prompts_n, cfg.hidden_size, cfg.intermediate_size, 0.5, dtype))
+        linear.append(linear_rate(prompts_n, cfg.hidden_size, cfg.intermediate_size, 0.5, dtype))
+        streamed.append(streamed_linear_rate(prompts_n, cfg.hidden_size, cfg.intermediate_size, model_bytes, 1.0, dtype))
         prefill.append(gemm_rate(prompts_n * (len(ids[0]) - len(prefix)), cfg.hidden_size, cfg.intermediate_size, 0.5, dtype))
         if dtype != "float32":
             decode32.append(gemm_rate(prompts_n, cfg.hidden_size, cfg.intermediate_size, 0.5))
@@ -108,7 +154,10 @@ def measure(model, tokenizer, task_name: str, new_tokens: int, prompts_n: int, r
             "gemm_gflops_decode_shape": reference, "gemm_gflops_prefill_shape": statistics.median(prefill),
             "gemm_gflops_square": square, "fraction_of_decode_gemm": rate / reference,
             "fraction_of_square_gemm": rate / square, "gemm_gflops_decode_shape_float32": float32,
-            "fraction_of_float32_decode_gemm": rate / float32, "profile_share": share, "repeats": repeats}
+            "fraction_of_float32_decode_gemm": rate / float32, "linear_gflops_decode_shape": statistics.median(linear),
+            "fraction_of_decode_linear": rate / statistics.median(linear),
+            "streamed_linear_gflops_decode_shape": statistics.median(streamed), "model_bytes": model_bytes,
+            "fraction_of_streamed_linear": rate / statistics.median(streamed), "profile_share": share, "repeats": repeats}
 
 
 def main() -> None:
@@ -138,14 +187,16 @@ def main() -> None:
               "load_after": None, "rows": rows}
     result["load_after"] = os.getloadavg()[0]
     print(f"| task | new tokens | GFLOP/call | GFLOP/s | GEMM GFLOP/s (decode shape) | fraction | square GEMM | "
-          f"float32 GEMM (decode shape) | fraction of it | matmul / cat / attention / other |  "
+          f"float32 GEMM (decode shape) | fraction of it | F.linear (decode shape) | fraction of it | F.linear, weights streamed | **fraction of it** | matmul / cat / attention / other |  "
           f"({result['device']}, {args.threads} thread, {args.dtype})")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         s = r["profile_share"]
         print(f"| {r['task']} | {r['new_tokens']} | {r['gflop_per_call']:.1f} | {r['gflops']:.1f} | "
               f"{r['gemm_gflops_decode_shape']:.1f} | {r['fraction_of_decode_gemm']:.2f} | {r['gemm_gflops_square']:.1f} | "
               f"{r['gemm_gflops_decode_shape_float32']:.1f} | {r['fraction_of_float32_decode_gemm']:.2f} | "
+              f"{r['linear_gflops_decode_shape']:.1f} | {r['fraction_of_decode_linear']:.2f} | "
+              f"{r['streamed_linear_gflops_decode_shape']:.1f} | **{r['fraction_of_streamed_linear']:.2f}** | "
               f"{s['matmul']:.0%} / {s['kv_cache_cat']:.0%} / {s['attention']:.0%} / {s['other']:.0%} |")
     print(f"load average {result['load_before']:.2f} -> {result['load_after']:.2f}")
     if args.json:

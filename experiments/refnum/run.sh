@@ -11,6 +11,10 @@
 #   bash experiments/refnum/run.sh             # everything not done yet, then the analyses
 #   bash experiments/refnum/run.sh smollm2     # the SmolLM2 runs and their analyses only
 #   bash experiments/refnum/run.sh analyses    # the analyses of whatever has finished
+#   bash experiments/refnum/run.sh save        # before a session ends: every run's small files (seed log, metrics,
+#                                              # held-out tables, config; no weights) to docs/study/refnum/runs/, to commit;
+#                                              # the next session's run.sh restores a run absent from runs/refnum from
+#                                              # there and resumes it by replaying its seed log
 #   bash experiments/refnum/run.sh null        # ES's arithmetic alone (null_walk.py: seeded random fitness, no
 #                                              # generation), 240 SmolLM2 / 60 Gemma updates, analysed and summarised
 #                                              # into docs/study/refnum/ (~3.5 CPU-hours; the reference arms are 30-60 s/update)
@@ -31,8 +35,31 @@ SMOKE=()  # ITERATIONS / POPULATION shrink every run (a smoke); unset for the re
 [ -n "${POPULATION:-}" ] && SMOKE+=(--set "es.population=$POPULATION")
 mkdir -p "$OUT"
 
+KEEP=${KEEP:-docs/study/refnum/runs}  # where a run's small files are kept between sessions (committed, no weights)
+SMALL=(config.toml run.json config_history.jsonl seed_log.jsonl metrics.jsonl eval_before.json eval_after.json)
+
+save() {  # copy every run's small files under $OUT to $KEEP, so a later session (runs/ is not kept) can continue it
+  local dir name f
+  for dir in "$OUT"/*/; do
+    name=$(basename "$dir")
+    [ -f "$dir/config.toml" ] && [ -f "$dir/seed_log.jsonl" ] || continue
+    mkdir -p "$KEEP/$name"
+    for f in "${SMALL[@]}"; do [ -f "$dir/$f" ] && cp "$dir/$f" "$KEEP/$name/"; done
+    echo "$name: saved to $KEEP/$name ($(grep -c '"kind": "train"' "$dir/metrics.jsonl" 2>/dev/null || echo 0) updates logged)"
+  done
+}
+
+restore() {  # restore NAME: a run kept in $KEEP but absent from $OUT comes back (its weights by replaying its seed log)
+  local name=$1
+  if [ ! -e "$OUT/$name" ] && [ -f "$KEEP/$name/seed_log.jsonl" ] && [ -f "$KEEP/$name/config.toml" ]; then
+    cp -r "$KEEP/$name" "$OUT/$name"
+    echo "$name: restored from $KEEP/$name (resumes by replaying its seed log)"
+  fi
+}
+
 run() {  # run KIND NAME: start experiments/refnum/NAME.toml, resume it, or skip it when finished
   local kind=$1 name=$2 sets=("${SMOKE[@]}")
+  [ -z "${ITERATIONS:-}" ] && restore "$name"
   if [ "$kind" = grpo ]; then  # es.* overrides do not apply to GRPO
     sets=(); [ -n "${ITERATIONS:-}" ] && sets=(--set "grpo.steps=$ITERATIONS" --set "eval.before_after=false")
   fi
@@ -114,9 +141,10 @@ PYEOF
 
 case "${1:-all}" in
   null) null ;;
+  save) save ;;
   smollm2) smollm2; analyses ;;
   gemma) gemma; analyses ;;
   analyses) analyses ;;
   all) smollm2; gemma; analyses ;;
-  *) echo "usage: $0 [all|null|smollm2|gemma|analyses]" >&2; exit 2 ;;
+  *) echo "usage: $0 [all|null|smollm2|gemma|analyses|save]" >&2; exit 2 ;;
 esac
