@@ -39,8 +39,12 @@ def _restore(model, noise):
             p.sub_(n)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # bf16: what model.dtype = "auto" gives on CUDA and AMX CPUs
 @pytest.mark.parametrize("prefix_cache", [True, False])
-def test_verified_completions_are_the_plain_greedy_ones(tokenizer, tiny_model, prefix_cache):
+def test_verified_completions_are_the_plain_greedy_ones(tokenizer, tiny_model, prefix_cache, dtype):
+    import copy
+
+    tiny_model = copy.deepcopy(tiny_model).to(dtype)
     gen = HFGenerator(tiny_model, tokenizer, batch_size=5, prefix_cache=prefix_cache)  # 3 batches, the last of 2
     verifier = HFVerifier(gen)
     prompts = _prompts(tokenizer)
