@@ -40,6 +40,11 @@ def _run(root: Path, name: str, section: str, dtype: str, arithmetic: str | None
                 "problems": 64, "n": 16, **{m: value for m in HELDOUT}}}))
     analyses = root / "analyses" / name
     analyses.mkdir(parents=True)
+    if name == "es-reference-bf16":  # analyze magnitude's tie-aware counts against the dtype-matched null
+        (analyses / "magnitude.json").write_text(json.dumps({"models": {"x": {
+            "dtype": dtype, "k": 100, "relative": {"by_category": {}}, "steps": {"by_category": {}},
+            "dtype_null": {"by_category": {"norm": {"observed": 0.5, "null_mean": 2.0, "enrichment": 0.25},
+                                           "attention": {"observed": 30.0, "null_mean": 20.0, "enrichment": 1.5}}}}}}))
     (analyses / "drift.json").write_text(json.dumps({"models": {"x": {
         "relative_distance": distance, "num_changed": 50, "num_params": 100, "rms_delta": distance / 10,
         "by_category": {"norm": {"share_of_squared_distance": 0.1}, "mlp": {"share_of_squared_distance": 0.9}}}}}))
@@ -71,6 +76,9 @@ def test_real_arms_carry_their_heldout_changes_and_are_set_against_exact_float32
     assert arms["arms"]["es-reference-bf16"]["drift_ratio"] == pytest.approx(1.2)
     assert arms["arms"]["grpo-bf16"]["drift_ratio"] == pytest.approx(0.05)
     assert arms["arms"]["grpo-bf16"]["heldout_change"]["greedy"] == pytest.approx(0.20)
+    ref = arms["arms"]["es-reference-bf16"]
+    assert (ref["top100_norm"], ref["top100_norm_vs_dtype_null"], ref["top100_attention_vs_dtype_null"]) == (0.5, 0.25, 1.5)
+    assert arms["arms"]["grpo-bf16"]["top100_norm"] is None  # not analysed: nothing made up
     # the walk contrast still pairs walks only: no reference walk here, so none
     assert summary["contrasts"] == {}
     page = (out / "summary.md").read_text()

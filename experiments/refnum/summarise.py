@@ -135,11 +135,20 @@ def contrasts(rows: list[dict]) -> dict:
     return out
 
 
+def _top100(row: dict, category: str) -> float | None:
+    """The expected count of ``category`` among the top-100 |Δ|: ``analyze magnitude``'s tie-aware count (a tie
+    at the 100th value split evenly; bf16 updates tie by the thousand) when analysed, else the tie-broken one."""
+    null = row.get("magnitude", {}).get("dtype_null", {}).get(category)
+    if null is not None:
+        return null["observed"]
+    return row.get("top_k", {}).get("100", {}).get(category, {}).get("observed")
+
+
 def task_contrasts(rows: list[dict]) -> dict:
     """The real arms (task rewards), per model: every other run (reference bf16, exact bf16, GRPO bf16) against
     the exact float32 ES run of the same model and horizon: drift ratio, moved share, share of moved below
-    τ = 1 × the ES single-update RMS, the expected top-100 norm / attention count (ties split evenly) and the
-    held-out changes side by side."""
+    τ = 1 × the ES single-update RMS, the expected top-100 norm / attention count (ties split evenly, ``_top100``)
+    with its enrichment over the dtype-matched null, and the held-out changes side by side."""
     out = {}
     for base in (r for r in rows if r["fitness"] == "task reward" and r["method"] == "es" and r["arithmetic"] == "exact"
                  and r["dtype"] == "float32" and "drift" in r):
@@ -150,8 +159,9 @@ def task_contrasts(rows: list[dict]) -> dict:
             arms[r["run"]] = {"method": r["method"], "arithmetic": r["arithmetic"], "dtype": r["dtype"],
                               "drift_ratio": r["drift"]["relative_distance"] / base["drift"]["relative_distance"],
                               "moved": r["drift"]["changed_fraction"], "below_tau": _below_1x(r),
-                              "top100_norm": r.get("top_k", {}).get("100", {}).get("norm", {}).get("observed"),
-                              "top100_attention": r.get("top_k", {}).get("100", {}).get("attention", {}).get("observed"),
+                              **{f"top100_{c}": _top100(r, c) for c in ("norm", "attention")},
+                              **{f"top100_{c}_vs_dtype_null": r.get("magnitude", {}).get("dtype_null", {}).get(c, {}).get("enrichment")
+                                 for c in ("norm", "attention")},
                               "heldout_change": {m: v["change"] for m, v in r.get("heldout", {}).items() if isinstance(v, dict)}}
         out[base["model"]] = {"updates": base["updates"], "exact_f32": base["run"],
                               "exact_f32_drift": base["drift"]["relative_distance"], "exact_f32_moved": base["drift"]["changed_fraction"],
