@@ -2,6 +2,7 @@
 
     python benchmarks/cpu_dtype.py --json docs/benchmarks/cpu_dtype.json    # the measurement (docs/benchmarks.md)
     python benchmarks/cpu_dtype.py --population 2 --prompts 4 --repeats 1 --json ''   # a smoke
+    python benchmarks/cpu_dtype.py --shapes '' --json docs/benchmarks/cpu_dtype_visibility.json   # the cast alone
 
 Why: ``model.dtype = "auto"`` means bfloat16 for ES on a CPU with AMX bf16 matrix units
 (``evolm.machine.cpu_bf16_native``), float32 on other CPUs. This measures what that buys and what it
@@ -17,6 +18,8 @@ changes, on the machine it runs on:
 - what bf16 changes: the centre's greedy completions equal between the dtypes (fraction of prompts), and
   the Spearman correlation of the members' fitness between the dtypes (scipy.stats.spearmanr: whether bf16
   generation ranks the perturbations as float32 does; with few members, read it loosely);
+- the share of coordinates, per parameter category, whose perturbation survives the cast to bf16 at all
+  (``perturbation_visibility``);
 - the AMX reading ``model.dtype = "auto"`` would act on.
 
 Applying the update is left out on both sides (once per iteration; well under 1% of it here).
@@ -91,6 +94,28 @@ def _case(models, tokenizer, args, task_name: str, new_tokens: int) -> dict:
             "cpu_seconds_all": cpu, "wall_seconds_all": wall}
 
 
+def perturbation_visibility(model, sigma: float, seed: int = 0) -> dict:
+    """Per parameter category: the share of coordinates whose float32 perturbation ``sigma * eps`` survives
+    the cast a bf16 member's weights go through, ``bf16(theta + sigma * eps) != bf16(theta)`` (the rest
+    generate with their unperturbed value; a visible one moves by whole bf16 steps, not by sigma * eps)."""
+    import torch
+
+    from evolm.categories import param_category
+
+    g = torch.Generator().manual_seed(seed)
+    counts: dict[str, list[int]] = {}
+    for name, p in model.named_parameters():
+        w = p.detach().float().flatten()
+        visible = (w + sigma * torch.randn(w.shape, generator=g)).bfloat16() != w.bfloat16()
+        c = counts.setdefault(param_category(name), [0, 0])
+        c[0] += int(visible.sum())
+        c[1] += w.numel()
+    out = {c: {"visible": v / n, "parameters": n} for c, (v, n) in counts.items()}
+    out["all"] = {"visible": sum(v for v, _ in counts.values()) / sum(n for _, n in counts.values()),
+                  "parameters": sum(n for _, n in counts.values())}
+    return out
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m")
@@ -116,8 +141,10 @@ def main(argv=None) -> None:
     cfg = models_["float32"].config
     gemm = {dtype: {"decode_shape": gemm_rate(args.prompts, cfg.hidden_size, cfg.intermediate_size, 1.0, dtype),
                     "square_1024": gemm_rate(1024, 1024, 1024, 1.0, dtype)} for dtype in ("float32", "bfloat16")}
+    visibility = perturbation_visibility(models_["float32"], args.sigma)
+    print("perturbation visible after the bf16 cast: " + ", ".join(f"{c} {v['visible']:.3f}" for c, v in visibility.items()))
     rows = []
-    for item in args.shapes.split(","):
+    for item in filter(None, args.shapes.split(",")):
         task, n = item.split(":")
         rows.append(_case(models_, tokenizer, args, task, int(n)))
         r = rows[-1]
@@ -127,6 +154,7 @@ def main(argv=None) -> None:
     amx, reading = machine.cpu_bf16_native()
     result = {"device": _cpu_name(), "amx": amx, "amx_reading": reading, "torch": torch.__version__,
               "settings": {k: v for k, v in vars(args).items() if k != "json"}, "gemm_gflops": gemm,
+              "perturbation_visible_in_bf16": visibility,
               "load_before": load_before, "load_after": os.getloadavg()[0], "rows": rows}
     print(f"GEMM GFLOP/s (1 thread): float32 decode {gemm['float32']['decode_shape']:.0f}, square {gemm['float32']['square_1024']:.0f}; "
           f"bf16 decode {gemm['bfloat16']['decode_shape']:.0f}, square {gemm['bfloat16']['square_1024']:.0f}; AMX: {amx} ({reading}); "
