@@ -11,6 +11,8 @@
 #   bash experiments/refnum/run.sh             # everything not done yet, then the analyses
 #   bash experiments/refnum/run.sh smollm2     # the SmolLM2 runs and their analyses only
 #   bash experiments/refnum/run.sh analyses    # the analyses of whatever has finished
+#   bash experiments/refnum/run.sh arm es smollm2-es-exact-f32 &   # one run, e.g. two side by side on 2 cores:
+#   bash experiments/refnum/run.sh arm es smollm2-es-reference-bf16 &  # (ANALYSE=1: its analyses too)
 #   bash experiments/refnum/run.sh save        # before a session ends: every run's small files (seed log, metrics,
 #                                              # held-out tables, config; no weights) to docs/study/refnum/runs/, to commit;
 #                                              # the next session's run.sh restores a run absent from runs/refnum from
@@ -18,6 +20,9 @@
 #   bash experiments/refnum/run.sh null        # ES's arithmetic alone (null_walk.py: seeded random fitness, no
 #                                              # generation), 240 SmolLM2 / 60 Gemma updates, analysed and summarised
 #                                              # into docs/study/refnum/ (~3.5 CPU-hours; the reference arms are 30-60 s/update)
+#   HORIZON=120 bash experiments/refnum/run.sh smollm2   # every run to update 120 (held-out table, analyses); run again
+#                                              # without HORIZON to extend them to the configs' 240 (analyses at 120 kept
+#                                              # in analyses/NAME-at-120)
 #   ITERATIONS=1 POPULATION=4 PERMUTATIONS=2 OUT=runs/refnum-smoke bash experiments/refnum/run.sh smollm2   # a smoke of the plumbing
 #
 # Cost, one thread, estimated from 1-2 update smokes (N = 4) on the shared 2-core machine: ~25 CPU-hours
@@ -57,28 +62,48 @@ restore() {  # restore NAME: a run kept in $KEEP but absent from $OUT comes back
   fi
 }
 
-run() {  # run KIND NAME: start experiments/refnum/NAME.toml, resume it, or skip it when finished
-  local kind=$1 name=$2 sets=("${SMOKE[@]}")
+last_step() {  # last_step NAME: the last update NAME has logged in metrics.jsonl (0 when none)
+  "$PY" -c 'import json, sys; p = sys.argv[1]
+try: print(max([int(r["step"]) for r in map(json.loads, open(p)) if r.get("kind") == "train"] or [0]))
+except OSError: print(0)' "$OUT/$1/metrics.jsonl"
+}
+
+planned() {  # planned NAME FIELD: FIELD of experiments/refnum/NAME.toml (es.iterations, grpo.steps)
+  "$PY" -c 'import sys, tomllib; s, f = sys.argv[2].split("."); print(tomllib.load(open(sys.argv[1], "rb"))[s][f])' \
+    "experiments/refnum/$1.toml" "$2"
+}
+
+run() {  # run KIND NAME: start experiments/refnum/NAME.toml, resume it, or skip it when it has reached its target
+  # target: HORIZON when set (e.g. 120: every run finishes there, with its held-out table and analyses, and a later
+  # run.sh without HORIZON extends it to the config's budget, bit-identical to a run made with that budget), else
+  # the config's budget (ITERATIONS in a smoke)
+  local kind=$1 name=$2 sets=("${SMOKE[@]}") field=es.iterations target
   [ -z "${ITERATIONS:-}" ] && restore "$name"
   if [ "$kind" = grpo ]; then  # es.* overrides do not apply to GRPO
+    field=grpo.steps
     sets=(); [ -n "${ITERATIONS:-}" ] && sets=(--set "grpo.steps=$ITERATIONS" --set "eval.before_after=false")
   fi
-  if [ -f "$OUT/$name/final/config.json" ]; then echo "$name: done"; return; fi
-  echo "$name: $(date -u +%H:%M:%S) start"
+  target=${HORIZON:-${ITERATIONS:-$(planned "$name" "$field")}}
+  if [ -f "$OUT/$name/final/config.json" ] && [ "$(last_step "$name")" -ge "$target" ]; then echo "$name: done ($target)"; return; fi
+  echo "$name: $(date -u +%H:%M:%S) start (to $target)"
   if [ -f "$OUT/$name/config.toml" ]; then
-    "$PY" -m evolm "$kind" --resume "$OUT/$name" --set run.progress=false > "$OUT/$name.log" 2>&1
+    "$PY" -m evolm "$kind" --resume "$OUT/$name" --set run.progress=false --set "$field=$target" >> "$OUT/$name.log" 2>&1
   else
     "$PY" -m evolm "$kind" --config "experiments/refnum/$name.toml" --set "run.out_dir=\"$OUT\"" --set run.progress=false \
-      ${sets[@]+"${sets[@]}"} > "$OUT/$name.log" 2>&1
+      ${sets[@]+"${sets[@]}"} --set "$field=$target" > "$OUT/$name.log" 2>&1
   fi
   echo "$name: $(date -u +%H:%M:%S) finished"
 }
 
-analyse() {  # analyse DIR LABEL=RUN...: drift, localisation, magnitude and sparsity of the finished runs among them
-  local dir=$1 args=() pair; shift
+analyse() {  # analyse DIR LABEL=RUN: drift, localisation, magnitude and sparsity of RUN's final weights, once per
+  # horizon: analyses of an earlier finish (HORIZON, then extended) move to DIR-at-<update> (summarise.py reads both)
+  local dir=$1 args=() pair at; shift
   for pair in "$@"; do [ -f "$OUT/${pair#*=}/final/config.json" ] && args+=(--trained "${pair%%=*}=$OUT/${pair#*=}"); done
   [ ${#args[@]} -gt 0 ] || return 0
+  at=$(last_step "${1#*=}")
+  if [ -f "$dir/updates" ] && [ "$(cat "$dir/updates")" != "$at" ]; then mv "$dir" "$dir-at-$(cat "$dir/updates")"; fi
   mkdir -p "$dir"
+  echo "$at" > "$dir/updates"
   [ -f "$dir/drift.json" ] || "$PY" -m evolm analyze drift "${args[@]}" --out "$dir"
   [ -f "$dir/localisation.json" ] || "$PY" -m evolm analyze localisation "${args[@]}" --k 100 --k 144 --out "$dir"
   [ -f "$dir/magnitude.json" ] || "$PY" -m evolm analyze magnitude "${args[@]}" --k 100 --permutations "${PERMUTATIONS:-20}" --out "$dir"
@@ -142,9 +167,10 @@ PYEOF
 case "${1:-all}" in
   null) null ;;
   save) save ;;
+  arm) run "$2" "$3"; [ -z "${ANALYSE:-}" ] || analyse "$OUT/analyses/$3" "$3=$3" ;;
   smollm2) smollm2; analyses ;;
   gemma) gemma; analyses ;;
   analyses) analyses ;;
   all) smollm2; gemma; analyses ;;
-  *) echo "usage: $0 [all|null|smollm2|gemma|analyses|save]" >&2; exit 2 ;;
+  *) echo "usage: $0 [all|null|smollm2|gemma|analyses|save|arm KIND NAME]" >&2; exit 2 ;;
 esac
