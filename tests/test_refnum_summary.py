@@ -74,6 +74,7 @@ def test_real_arms_carry_their_heldout_changes_and_are_set_against_exact_float32
     assert arms["exact_f32"] == "es-exact-f32" and arms["exact_f32_heldout_change"]["pass@16"] == pytest.approx(0.10)
     assert set(arms["arms"]) == {"es-reference-bf16", "grpo-bf16"}  # the walk is not a real arm
     assert arms["arms"]["es-reference-bf16"]["drift_ratio"] == pytest.approx(1.2)
+    assert json.loads((out / "real_arm.json").read_text()) == summary["task_contrasts"]  # what the study's Q3d reads
     assert arms["arms"]["grpo-bf16"]["drift_ratio"] == pytest.approx(0.05)
     assert arms["arms"]["grpo-bf16"]["heldout_change"]["greedy"] == pytest.approx(0.20)
     ref = arms["arms"]["es-reference-bf16"]

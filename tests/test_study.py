@@ -507,7 +507,7 @@ def test_copied_run_directory_reads_like_a_run(tmp_path):
 def test_the_committed_claims_file():
     claims = load_claims(ROOT / "experiments" / "study" / "claims.toml")
     ids = [c.id for c in claims.claim]
-    assert ids == [f"C{i}" for i in range(1, 10)] + ["Q1", "Q2", "Q3a", "Q3b", "Q3c"]
+    assert ids == [f"C{i}" for i in range(1, 10)] + ["Q1", "Q2", "Q3a", "Q3b", "Q3c", "Q3d"]
     for c in claims.claim:
         assert c.claim and c.paper and c.command and c.decide and c.cost, c.id
         assert c.not_run or c.test, f"{c.id} is neither run nor says why not"

@@ -143,11 +143,15 @@ gemma() {
   run es gemma-es-reference-bf16
 }
 
+label() {  # label NAME: the run's label in its analyses (exact-f32, reference-bf16, exact-bf16, grpo-bf16), which the
+  # study's claims file names in its paths (models.<label>....)
+  local l=${1#*-es-}; echo "${l#smollm2-}"
+}
+
 analyses() {  # each run against its own base (the bf16 runs: their bf16-rounded base/, checked by fingerprint), one directory per run
-  local name label
+  local name
   for name in smollm2-es-exact-f32 smollm2-es-reference-bf16 smollm2-es-exact-bf16 smollm2-grpo-bf16 gemma-es-exact-f32 gemma-es-reference-bf16; do
-    label=${name#*-es-}; label=${label#smollm2-}  # exact-f32, reference-bf16, exact-bf16, grpo-bf16
-    analyse "$OUT/analyses/$name" "$label=$name"
+    analyse "$OUT/analyses/$name" "$(label "$name")=$name"
   done
   "$PY" experiments/refnum/summarise.py "$OUT" --out docs/study/refnum
   # the restore error per update of the reference runs: metrics.jsonl, ref_* (docs/es.md)
@@ -167,7 +171,7 @@ PYEOF
 case "${1:-all}" in
   null) null ;;
   save) save ;;
-  arm) run "$2" "$3"; [ -z "${ANALYSE:-}" ] || analyse "$OUT/analyses/$3" "$3=$3" ;;
+  arm) run "$2" "$3"; [ -z "${ANALYSE:-}" ] || analyse "$OUT/analyses/$3" "$(label "$3")=$3" ;;
   smollm2) smollm2; analyses ;;
   gemma) gemma; analyses ;;
   analyses) analyses ;;

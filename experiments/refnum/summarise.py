@@ -12,7 +12,8 @@ the top-100 |Δ| by category against the exchangeable null (enrichment, exact 95
 for bf16 arithmetic, against the dtype-matched null, and the share of moved coordinates that moved one ulp.
 The runs with task rewards (the real arms: ES in the three arithmetics and GRPO in bf16, each with a held-out
 evaluation before and after) add their held-out pass@k and entropy, and ``task_contrasts`` sets each against
-the exact float32 ES run of the same model and horizon. Rows of runs no longer under RUNS (a walk rebuilt
+the exact float32 ES run of the same model and horizon (also written alone to ``real_arm.json``, which the
+study's Q3d tests read). Rows of runs no longer under RUNS (a walk rebuilt
 elsewhere, or analysed at an earlier update) are kept from the existing summary.json.
 Nothing is computed from the weights here: every number is read from a file the analyses wrote.
 """
@@ -159,6 +160,8 @@ def task_contrasts(rows: list[dict]) -> dict:
             arms[r["run"]] = {"method": r["method"], "arithmetic": r["arithmetic"], "dtype": r["dtype"],
                               "drift_ratio": r["drift"]["relative_distance"] / base["drift"]["relative_distance"],
                               "moved": r["drift"]["changed_fraction"], "below_tau": _below_1x(r),
+                              "below_tau_difference": None if _below_1x(r) is None or _below_1x(base) is None
+                              else _below_1x(r) - _below_1x(base),
                               **{f"top100_{c}": _top100(r, c) for c in ("norm", "attention")},
                               **{f"top100_{c}_vs_dtype_null": r.get("magnitude", {}).get("dtype_null", {}).get(c, {}).get("enrichment")
                                  for c in ("norm", "attention")},
@@ -236,8 +239,11 @@ def main(argv=None) -> int:
     for r in rows:  # rows written before GRPO runs were summarised
         r.setdefault("method", "es")
     rows.sort(key=lambda r: (r["model"], r["fitness"] == "task reward", r["updates"], r["run"]))
+    real = task_contrasts(rows)
     (out / "summary.json").write_text(json.dumps({"runs": {r["run"]: r for r in rows}, "contrasts": contrasts(rows),
-                                                  "task_contrasts": task_contrasts(rows)}, indent=1) + "\n")
+                                                  "task_contrasts": real}, indent=1) + "\n")
+    if real:  # the real arms' contrasts on their own: the study's Q3d tests read it ("not run" while it is missing)
+        (out / "real_arm.json").write_text(json.dumps(real, indent=1) + "\n")
     (out / "summary.md").write_text(markdown(rows))
     print((out / "summary.md").read_text())
     return 0
