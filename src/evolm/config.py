@@ -120,7 +120,7 @@ class ModelConfig:
     spec: str = "smollm2-135m"
     """Model to train: an embedded name (smollm2-135m, gemma3-270m), a model directory, a run directory, a .gguf file or a hub id."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    """Dtype the model generates in. ES always keeps float32 master weights; with float32 it perturbs them in place. auto: bfloat16 for ES on CUDA and on a CPU with AMX bf16 matrix units (generation in bf16, about 2x float32's speed there; float32 masters, so updates are exact), float32 on other CPUs (EVOLM_CPU_BF16=0/1 overrides the CPU reading) and for GRPO and pipelines (they train the model's own weights)."""
+    """Dtype the model generates in. ES always keeps float32 master weights; with float32 it perturbs them in place. auto: bfloat16 for ES on CUDA and on a CPU with AMX bf16 matrix units (generation in bf16, about 1.8x float32's speed there; float32 masters, so updates are exact), float32 on other CPUs (EVOLM_CPU_BF16=0/1 overrides the CPU reading) and for GRPO and pipelines (they train the model's own weights)."""
     threads: int | Literal["auto"] = "auto"
     """torch CPU threads. auto: the cores this process may use (OMP_NUM_THREADS when set, else its CPU affinity capped by a cgroup CPU quota); an ES run that auto-chooses 1-thread Ray actors (distributed.workers) runs its driver at 1 thread too, so the whole run equals one process at 1 thread."""
     device: str = "auto"
