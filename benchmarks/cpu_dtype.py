@@ -33,11 +33,24 @@ import os
 import statistics
 import time
 from pathlib import Path
+from typing import Any, NamedTuple
 
 SHAPES = (("arithmetic", 24), ("countdown", 64))
 
 
-def _population(model, tokenizer, args, task_name: str, new_tokens: int, dtype: str):
+class Side(NamedTuple):
+    """One dtype's ES iteration: its config, ParamSet, generator, population and iteration-0 inputs."""
+    cfg: Any
+    params: Any
+    generator: Any
+    population: Any
+    examples: list
+    prompts: list
+    sampling: Any
+    layout: list
+
+
+def _population(model, tokenizer, args, task_name: str, new_tokens: int, dtype: str) -> Side:
     from evolm import config
     from evolm.backends.base import SamplingParams
     from evolm.backends.hf import HFGenerator
@@ -57,8 +70,8 @@ def _population(model, tokenizer, args, task_name: str, new_tokens: int, dtype: 
     generator = HFGenerator(model, tokenizer, batch_size=args.prompts)
     examples, prompts = training_batch(task, tokenizer, cfg.run.seed, 0, cfg.es.prompts_per_iteration)
     sampling = SamplingParams(n=1, max_new_tokens=new_tokens, seed=seed31(cfg.run.seed, "sampling", 0))
-    return cfg, params, generator, LocalPopulation(params, generator, task), examples, prompts, sampling, \
-        member_layout(cfg.es.estimator, cfg.es.population)
+    return Side(cfg, params, generator, LocalPopulation(params, generator, task), examples, prompts, sampling,
+                member_layout(cfg.es.estimator, cfg.es.population))
 
 
 def _case(models, tokenizer, args, task_name: str, new_tokens: int) -> dict:
@@ -72,20 +85,21 @@ def _case(models, tokenizer, args, task_name: str, new_tokens: int) -> dict:
     wall: dict[str, list[float]] = {d: [] for d in sides}
     fitness: dict[str, list[float]] = {}
     for _ in range(args.repeats):
-        for dtype, (cfg, params, generator, pop, examples, prompts, sampling, layout) in sides.items():
+        for dtype, side in sides.items():
+            es = side.cfg.es
             c0, w0 = time.process_time(), time.perf_counter()
-            scores = pop.score(0, layout, args.sigma, examples, prompts, sampling)
-            compute_update(scores.fitness, estimator=cfg.es.estimator, shaping=cfg.es.shaping, lr=cfg.es.lr,
-                           sigma=args.sigma, divide_by_sigma=cfg.es.divide_by_sigma, errors=scores.errors)
+            scores = side.population.score(0, side.layout, args.sigma, side.examples, side.prompts, side.sampling)
+            compute_update(scores.fitness, estimator=es.estimator, shaping=es.shaping, lr=es.lr,
+                           sigma=args.sigma, divide_by_sigma=es.divide_by_sigma, errors=scores.errors)
             cpu[dtype].append(time.process_time() - c0)
             wall[dtype].append(time.perf_counter() - w0)
             fitness[dtype] = list(scores.fitness)
     greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=new_tokens)
-    centre = {d: [o[0].text for o in side[2].generate(side[5], greedy)] for d, side in sides.items()}
+    centre = {d: [o[0].text for o in side.generator.generate(side.prompts, greedy)] for d, side in sides.items()}
     rho = spearmanr(fitness["float32"], fitness["bfloat16"]).statistic if len(set(fitness["float32"])) > 1 else None
     f32, bf16 = statistics.median(cpu["float32"]), statistics.median(cpu["bfloat16"])
-    return {"task": task_name, "max_new_tokens": new_tokens, "members": len(sides["float32"][7]),
-            "prompts": len(sides["float32"][5]),
+    return {"task": task_name, "max_new_tokens": new_tokens, "members": len(sides["float32"].layout),
+            "prompts": len(sides["float32"].prompts),
             "cpu_seconds_float32": f32, "cpu_seconds_bfloat16": bf16, "speedup": f32 / bf16,
             "wall_seconds_float32": statistics.median(wall["float32"]), "wall_seconds_bfloat16": statistics.median(wall["bfloat16"]),
             "centre_greedy_equal": sum(a == b for a, b in zip(centre["float32"], centre["bfloat16"])) / len(centre["float32"]),

@@ -68,17 +68,9 @@ def gemm_rate(m: int, k: int, n: int, seconds: float = 1.0, dtype: str = "float3
 def linear_rate(m: int, k: int, n: int, seconds: float = 1.0, dtype: str = "float32") -> float:
     """GFLOP/s of ``F.linear(x, w)`` with ``x: (m x k)`` and ``w: (n x k)`` in ``dtype`` on this thread (CPU
     time): the same product as ``gemm_rate(m, k, n)`` in the orientation ``nn.Linear`` stores its weight,
-    ``x @ w.T``, which is what every projection of the model runs."""
-    import torch
-    import torch.nn.functional as F
-
-    x, w = torch.randn(m, k, dtype=getattr(torch, dtype)), torch.randn(n, k, dtype=getattr(torch, dtype))
-    F.linear(x, w)
-    calls, t0 = 0, time.process_time()
-    while time.process_time() - t0 < seconds:
-        F.linear(x, w)
-        calls += 1
-    return 2 * m * k * n * calls / (time.process_time() - t0) / 1e9
+    ``x @ w.T``, which is what every projection of the model runs; one weight, reused from cache
+    (``streamed_linear_rate`` with a single weight)."""
+    return streamed_linear_rate(m, k, n, 0, seconds, dtype)
 
 
 def streamed_linear_rate(m: int, k: int, n: int, total_bytes: int, seconds: float = 1.0, dtype: str = "float32") -> float:

@@ -50,7 +50,7 @@ save() {  # copy every run's small files under $OUT to $KEEP, so a later session
     [ -f "$dir/config.toml" ] && [ -f "$dir/seed_log.jsonl" ] || continue
     mkdir -p "$KEEP/$name"
     for f in "${SMALL[@]}"; do [ -f "$dir/$f" ] && cp "$dir/$f" "$KEEP/$name/"; done
-    echo "$name: saved to $KEEP/$name ($(grep -c '"kind": "train"' "$dir/metrics.jsonl" 2>/dev/null || echo 0) updates logged)"
+    echo "$name: saved to $KEEP/$name (updates to $(last_step "$name") logged)"
   done
 }
 

@@ -150,27 +150,27 @@ def task_contrasts(rows: list[dict]) -> dict:
     the exact float32 ES run of the same model and horizon: drift ratio, moved share, share of moved below
     τ = 1 × the ES single-update RMS, the expected top-100 norm / attention count (ties split evenly, ``_top100``)
     with its enrichment over the dtype-matched null, and the held-out changes side by side."""
+    def changes(row):
+        return {m: v["change"] for m, v in row.get("heldout", {}).items() if isinstance(v, dict)}
+
     out = {}
     for base in (r for r in rows if r["fitness"] == "task reward" and r["method"] == "es" and r["arithmetic"] == "exact"
                  and r["dtype"] == "float32" and "drift" in r):
-        arms = {}
+        arms, base_below = {}, _below_1x(base)
         for r in rows:
             if r is base or r["fitness"] != "task reward" or r["model"] != base["model"] or r["updates"] != base["updates"] or "drift" not in r:
                 continue
+            below, null = _below_1x(r), r.get("magnitude", {}).get("dtype_null", {})
             arms[r["run"]] = {"method": r["method"], "arithmetic": r["arithmetic"], "dtype": r["dtype"],
                               "drift_ratio": r["drift"]["relative_distance"] / base["drift"]["relative_distance"],
-                              "moved": r["drift"]["changed_fraction"], "below_tau": _below_1x(r),
-                              "below_tau_difference": None if _below_1x(r) is None or _below_1x(base) is None
-                              else _below_1x(r) - _below_1x(base),
+                              "moved": r["drift"]["changed_fraction"], "below_tau": below,
+                              "below_tau_difference": None if below is None or base_below is None else below - base_below,
                               **{f"top100_{c}": _top100(r, c) for c in ("norm", "attention")},
-                              **{f"top100_{c}_vs_dtype_null": r.get("magnitude", {}).get("dtype_null", {}).get(c, {}).get("enrichment")
-                                 for c in ("norm", "attention")},
-                              "heldout_change": {m: v["change"] for m, v in r.get("heldout", {}).items() if isinstance(v, dict)}}
+                              **{f"top100_{c}_vs_dtype_null": null.get(c, {}).get("enrichment") for c in ("norm", "attention")},
+                              "heldout_change": changes(r)}
         out[base["model"]] = {"updates": base["updates"], "exact_f32": base["run"],
                               "exact_f32_drift": base["drift"]["relative_distance"], "exact_f32_moved": base["drift"]["changed_fraction"],
-                              "exact_f32_below_tau": _below_1x(base),
-                              "exact_f32_heldout_change": {m: v["change"] for m, v in base.get("heldout", {}).items() if isinstance(v, dict)},
-                              "arms": arms}
+                              "exact_f32_below_tau": base_below, "exact_f32_heldout_change": changes(base), "arms": arms}
     return out
 
 
