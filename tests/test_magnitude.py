@@ -9,6 +9,8 @@ an ES-like finding: enriched against the dtype-matched null.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -169,3 +171,21 @@ def test_a_top_k_cut_inside_a_tie_splits_the_tie_evenly_and_reports_the_whole_se
     assert _top_k_cut(score[order], cats[order], 20)["counts"] == cut["counts"]
     whole = _top_k_cut(score, cats, 10)  # the cut falls between two values: plain integer counts
     assert whole["size"] == 10 and whole["counts"]["norm"] == 10 and isinstance(whole["counts"]["norm"], int)
+
+
+def test_float32_null_with_zero_bases_is_finite_and_counts_the_observed_top_k():
+    """A float32 weight at exactly 0 has spacing 2^-149: its step count overflowed float32, the observed |Δ| of
+    such coordinates read infinite and filled the top k (the exact-f32 real arm's record). The observed counts
+    must be those of plain |Δ|."""
+    import torch
+    gen = torch.Generator().manual_seed(0)
+    base = {"model.layers.0.self_attn.q_proj.weight": torch.randn(64, 64, generator=gen) * 0.02,
+            "model.embed_tokens.weight": torch.zeros(32, 64)}  # zero bases
+    delta = {n: torch.randn(w.shape, generator=gen) * 1e-3 for n, w in base.items()}
+    delta["model.layers.0.self_attn.q_proj.weight"] *= 10  # the attention weights moved more: they hold the top 100
+    trained = {n: base[n] + delta[n] for n in base}
+    rec = dtype_null_localisation(base, trained, "float32", k=100, permutations=3)
+    assert rec["at_least_kth"]["kth"] is not None and math.isfinite(rec["at_least_kth"]["kth"])
+    top = torch.cat([delta[n].flatten() for n in base]).abs().topk(100).values
+    assert rec["at_least_kth"]["kth"] == pytest.approx(float(top[-1]), rel=1e-6)
+    assert rec["observed"]["attention"] == 100 and rec["observed"]["embedding"] == 0

@@ -167,7 +167,7 @@ def step_counts(base: dict, trained: dict, dtype: str, scope=None, coords=None) 
     import torch
 
     b, t, cat_ids = coords or _coordinates(base, trained, scope)
-    steps = ((t - b) / ulp(b, dtype)).abs()
+    steps = ((t - b).double() / ulp(b, dtype).double()).abs()  # float64: see dtype_null_localisation
     out = {}
     for i, c in enumerate(CATEGORIES):
         mask = cat_ids == i
@@ -193,8 +193,11 @@ def dtype_null_localisation(base: dict, trained: dict, dtype: str, k: int = 100,
     if permutations < 1:
         raise ValueError(f"permutations must be >= 1 (got {permutations})")
     b, t, cat_ids = coords or _coordinates(base, trained, scope)
-    spacing = ulp(b, dtype)
-    steps = (t - b) / spacing
+    # float64: a float32 zero's spacing is 2^-149, so Δ / spacing overflows float32 for |Δ| > 4.8e-7 (an
+    # infinite step count made the observed |Δ| = steps x spacing infinite); spacings are powers of two, so
+    # every finite float32 result is unchanged
+    spacing = ulp(b, dtype).double()
+    steps = (t - b).double() / spacing
     cut = _top_k_cut((steps * spacing).abs(), cat_ids, k)
     observed = cut["counts"]
     gen = torch.Generator().manual_seed(int(seed))
