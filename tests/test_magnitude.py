@@ -177,7 +177,6 @@ def test_float32_null_with_zero_bases_is_finite_and_counts_the_observed_top_k():
     """A float32 weight at exactly 0 has spacing 2^-149: its step count overflowed float32, the observed |Δ| of
     such coordinates read infinite and filled the top k (the exact-f32 real arm's record). The observed counts
     must be those of plain |Δ|."""
-    import torch
     gen = torch.Generator().manual_seed(0)
     base = {"model.layers.0.self_attn.q_proj.weight": torch.randn(64, 64, generator=gen) * 0.02,
             "model.embed_tokens.weight": torch.zeros(32, 64)}  # zero bases

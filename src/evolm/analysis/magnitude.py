@@ -40,10 +40,13 @@ Design decisions:
   it is defined for every finite θ0, zero included.
 - The shuffle is over every coordinate in scope (unchanged ones carry 0 steps), with a seeded torch
   generator: results are reproducible and the null's population is the one the exchangeable null uses.
+- Steps are float64 (``_steps``): a float32 zero's spacing is 2^-149, so Δ / spacing overflows float32
+  for |Δ| > 4.8e-7; spacings are powers of two, so every result that was finite in float32 is unchanged.
 - Memory: the coordinates in scope are flattened once per trained model (θ0, θ, category ids), then
-  spacing, steps, one permutation (int64) and its shuffled |Δ*|: about 30 bytes per coordinate at the
-  peak besides the loaded weights (~4 GB for SmolLM2-135M; the smoke of two Gemma-3-270M runs peaked
-  at 8.4 GB resident with everything loaded).
+  spacing and steps (float64), one permutation (int64) and its shuffled |Δ*| (float64): about 50 bytes
+  per coordinate at the peak besides the loaded weights, by count (~6.5 GB for SmolLM2-135M; measured
+  before steps were float64, at about 30 bytes, the smoke of two Gemma-3-270M runs peaked at 8.4 GB
+  resident with everything loaded).
 - Planted checks (``tests/test_magnitude.py``): a pure ±1-ulp walk in bfloat16 puts the top k in the
   norm weights in absolute |Δ| and nowhere special relatively or against the dtype-matched null; the
   same-length float32 Gaussian walk has no absolute enrichment; a bf16 walk whose norm coordinates take
@@ -79,6 +82,12 @@ def ulp(x, dtype: str):
     _, e = torch.frexp(x)  # |x| = m · 2^e, m in [0.5, 1): |x| in [2^(e-1), 2^e); frexp(0) has e = 0
     e = torch.where(x == 0, torch.full_like(e, emin), torch.clamp(e - 1, min=emin))
     return torch.ldexp(torch.ones_like(x, dtype=torch.float32), (e - p).to(torch.float32))
+
+
+def _steps(b, t, dtype: str):
+    """``(spacing, steps)``: ulp(θ0) and Δ / ulp(θ0), both float64 (module docstring: a float32 zero's spacing)."""
+    spacing = ulp(b, dtype).double()
+    return spacing, (t - b).double() / spacing
 
 
 def _flat(base: dict, trained: dict, names: list[str]):
@@ -167,7 +176,7 @@ def step_counts(base: dict, trained: dict, dtype: str, scope=None, coords=None) 
     import torch
 
     b, t, cat_ids = coords or _coordinates(base, trained, scope)
-    steps = ((t - b).double() / ulp(b, dtype).double()).abs()  # float64: see dtype_null_localisation
+    steps = _steps(b, t, dtype)[1].abs()
     out = {}
     for i, c in enumerate(CATEGORIES):
         mask = cat_ids == i
@@ -193,11 +202,7 @@ def dtype_null_localisation(base: dict, trained: dict, dtype: str, k: int = 100,
     if permutations < 1:
         raise ValueError(f"permutations must be >= 1 (got {permutations})")
     b, t, cat_ids = coords or _coordinates(base, trained, scope)
-    # float64: a float32 zero's spacing is 2^-149, so Δ / spacing overflows float32 for |Δ| > 4.8e-7 (an
-    # infinite step count made the observed |Δ| = steps x spacing infinite); spacings are powers of two, so
-    # every finite float32 result is unchanged
-    spacing = ulp(b, dtype).double()
-    steps = (t - b).double() / spacing
+    spacing, steps = _steps(b, t, dtype)
     cut = _top_k_cut((steps * spacing).abs(), cat_ids, k)
     observed = cut["counts"]
     gen = torch.Generator().manual_seed(int(seed))
