@@ -139,6 +139,40 @@ def make_tiny_model(tokenizer, seed: int = 0, hidden: int = 64, layers: int = 2)
     return copy.deepcopy(model)
 
 
+def tiny_es_cfg(tmp_path, *, population: int = 8, prompts: int = 8, iterations: int = 15, max_new_tokens: int = 8,
+                model_dtype: str | None = None, **es):
+    """The ES job the loop tests run on a tiny model: run dir ``tmp_path/run``, no progress bar, no checkpoints,
+    no held-out evaluation, sigma 0.02 and lr 0.01 (a random 2-layer model learns the vowel task in a few
+    updates); ``es.*`` fields as keywords, ``model_dtype`` for a bf16 model."""
+    from evolm import config
+
+    cfg = config.ESJob()
+    cfg.run.out_dir, cfg.run.name, cfg.run.progress, cfg.run.checkpoint_every = str(tmp_path), "run", False, 0
+    cfg.eval.before_after = False
+    cfg.generation.max_new_tokens = max_new_tokens
+    cfg.es.population, cfg.es.prompts_per_iteration, cfg.es.iterations = population, prompts, iterations
+    cfg.es.sigma, cfg.es.lr = 0.02, 0.01
+    if model_dtype:
+        cfg.model.dtype = model_dtype
+    for k, v in es.items():
+        setattr(cfg.es, k, v)
+    return cfg
+
+
+def run_tiny_es(cfg, tokenizer, task, model=None, *, batch_size: int = 16, **kw):
+    """``run_es`` of ``cfg`` on ``model`` (a fresh ``make_tiny_model`` in ``cfg.model.dtype`` when None) through
+    the HF generator, quietly; returns (run directory, the trained model). ``kw``: run_es's (resume, callbacks)."""
+    from evolm.backends.hf import HFGenerator
+    from evolm.jobs import run_es
+
+    if model is None:
+        model = make_tiny_model(tokenizer)
+        if cfg.model.dtype == "bfloat16":
+            model = model.to(torch.bfloat16)
+    return run_es(cfg, model=model, tokenizer=tokenizer, task=task, generator=HFGenerator(model, tokenizer, batch_size),
+                  quiet=True, **kw), model
+
+
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory, tokenizer):
     """A tiny random llama (``make_tiny_model``) saved with the real tokenizer as a model directory: the spec

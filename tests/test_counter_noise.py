@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import Kill, kill_at
+from conftest import Kill, kill_at, run_tiny_es, tiny_es_cfg
 
-from evolm import config
 from evolm.es import fused, params as params_module
 from evolm.es.noise import (BULK, COUNTER_TABLE_SHA256, COUNTER_VERSION, TAIL, CounterNoise, counter_distribution,
                             counter_indices, inverse_normal_cdf, make_noise, noise_from_header, quantile_table,
@@ -285,27 +284,7 @@ def test_the_header_names_the_generator_and_rebuilds_it():
 
 
 def _cfg(tmp_path, **es):
-    cfg = config.ESJob()
-    cfg.run.out_dir, cfg.run.name, cfg.run.progress, cfg.run.checkpoint_every = str(tmp_path), "run", False, 0
-    cfg.eval.before_after = False
-    cfg.generation.max_new_tokens = 8
-    cfg.es.noise = "counter"
-    cfg.es.population, cfg.es.prompts_per_iteration, cfg.es.iterations = 8, 8, 3
-    cfg.es.sigma, cfg.es.lr = 0.02, 0.01
-    for k, v in es.items():
-        setattr(cfg.es, k, v)
-    return cfg
-
-
-def _run(cfg, tokenizer, task, model=None, **kw):
-    from conftest import make_tiny_model
-
-    from evolm.backends.hf import HFGenerator
-    from evolm.jobs import run_es
-
-    model = model or make_tiny_model(tokenizer)
-    return run_es(cfg, model=model, tokenizer=tokenizer, task=task, generator=HFGenerator(model, tokenizer, 16),
-                  quiet=True, **kw), model
+    return tiny_es_cfg(tmp_path, **{"iterations": 3, "noise": "counter", **es})
 
 
 def test_a_counter_run_trains_resumes_bit_identically_and_replays(tmp_path, tokenizer, vowel_task):
@@ -318,7 +297,7 @@ def test_a_counter_run_trains_resumes_bit_identically_and_replays(tmp_path, toke
 
     cfg = _cfg(tmp_path / "a")
     base = make_tiny_model(tokenizer)
-    run, uninterrupted = _run(cfg, tokenizer, vowel_task)
+    run, uninterrupted = run_tiny_es(cfg, tokenizer, vowel_task)
     header = run.seed_log()[0]
     assert header["noise"]["kind"] == "counter" and header["noise"]["version"] == COUNTER_VERSION
     statuses = [r["status"] for r in run.seed_log()[1:]]
@@ -328,7 +307,7 @@ def test_a_counter_run_trains_resumes_bit_identically_and_replays(tmp_path, toke
     cfg_b = _cfg(tmp_path / "b")
     cfg_b.run.checkpoint_every = 1
     with pytest.raises(Kill):
-        _run(cfg_b, tokenizer, vowel_task, callbacks=(kill_at(2),))
+        run_tiny_es(cfg_b, tokenizer, vowel_task, callbacks=(kill_at(2),))
     run_b = RunDir.open(tmp_path / "b" / "run")
     fresh = make_tiny_model(tokenizer)
     run_es(cfg_b, resume=run_b, model=fresh, tokenizer=tokenizer, task=vowel_task,
@@ -364,7 +343,7 @@ def test_a_lowrank_run_on_counter_noise_trains_and_replays(tmp_path, tokenizer, 
     from evolm.es.engine import replay
 
     cfg = _cfg(tmp_path, iterations=2, perturbation="lowrank", rank=2, estimator="antithetic")
-    run, trained = _run(cfg, tokenizer, vowel_task)
+    run, trained = run_tiny_es(cfg, tokenizer, vowel_task)
     header = run.seed_log()[0]
     assert header["noise"]["kind"] == "lowrank" and header["noise"]["base"]["kind"] == "counter"
     assert "applied" in [r["status"] for r in run.seed_log()[1:]]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import Kill, kill_at
+from conftest import Kill, kill_at, run_tiny_es, tiny_es_cfg
 
 from evolm import config
 from evolm.es import shaping
@@ -259,31 +259,9 @@ def test_none_is_identity_and_all_shapings_share_one_signature():
 
 # -- the loop on a tiny model ------------------------------------------------------------------------
 
-def _tiny_cfg(tmp_path, **es):
-    cfg = config.ESJob()
-    cfg.run.out_dir, cfg.run.name, cfg.run.progress, cfg.run.checkpoint_every = str(tmp_path), "run", False, 0
-    cfg.eval.before_after = False
-    cfg.generation.max_new_tokens = 8
-    cfg.es.population, cfg.es.prompts_per_iteration, cfg.es.iterations = 8, 8, 15
-    cfg.es.sigma, cfg.es.lr = 0.02, 0.01
-    for k, v in es.items():
-        setattr(cfg.es, k, v)
-    return cfg
-
-
-def _run(cfg, tokenizer, task, model=None, **kw):
-    from conftest import make_tiny_model
-
-    from evolm.backends.hf import HFGenerator
-    from evolm.jobs import run_es
-
-    model = model or make_tiny_model(tokenizer)
-    return run_es(cfg, model=model, tokenizer=tokenizer, task=task, generator=HFGenerator(model, tokenizer, 16), quiet=True, **kw), model
-
-
 def test_es_raises_reward_of_a_tiny_model(tmp_path, tokenizer, vowel_task):
     # 4 members: the mean of the last 3 updates beats the first 3 by ~0.21 (8 members: ~0.24), at half the cost
-    run, _ = _run(_tiny_cfg(tmp_path, population=4), tokenizer, vowel_task)
+    run, _ = run_tiny_es(tiny_es_cfg(tmp_path, population=4), tokenizer, vowel_task)
     rewards = [r["reward_mean"] for r in run.metrics() if r.get("kind") == "train"]
     assert len(rewards) == 15
     assert np.mean(rewards[-3:]) > np.mean(rewards[:3]) + 0.05
@@ -304,7 +282,7 @@ def test_sparsity_scale_from_a_real_seed_log_matches_the_weight_change(tmp_path,
 
     model = make_tiny_model(tokenizer)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    run, model = _run(_tiny_cfg(tmp_path, iterations=1), tokenizer, vowel_task, model=model)
+    run, model = run_tiny_es(tiny_es_cfg(tmp_path, iterations=1), tokenizer, vowel_task, model=model)
     records = read_jsonl(run.path / "seed_log.jsonl")
     assert records[0].get("kind") == "header" and records[1]["status"] == "applied"
     delta = torch.cat([(p.detach() - before[n]).flatten() for n, p in model.named_parameters()])
@@ -316,14 +294,14 @@ def test_resume_after_a_kill_is_bit_identical_and_replay_matches(tmp_path, token
     from evolm.jobs import run_es
     from evolm.runs import RunDir
 
-    cfg = _tiny_cfg(tmp_path / "a", iterations=4)
+    cfg = tiny_es_cfg(tmp_path / "a", iterations=4)
     cfg.run.checkpoint_every = 1
-    _, uninterrupted = _run(cfg, tokenizer, vowel_task)
+    _, uninterrupted = run_tiny_es(cfg, tokenizer, vowel_task)
 
-    cfg_b = _tiny_cfg(tmp_path / "b", iterations=4)
+    cfg_b = tiny_es_cfg(tmp_path / "b", iterations=4)
     cfg_b.run.checkpoint_every = 2
     with pytest.raises(Kill):
-        _run(cfg_b, tokenizer, vowel_task, callbacks=(kill_at(3),))
+        run_tiny_es(cfg_b, tokenizer, vowel_task, callbacks=(kill_at(3),))
     run_b = RunDir.open(tmp_path / "b" / "run")
     assert run_b.latest_checkpoint()[1]["step"] == 2
     from conftest import make_tiny_model
@@ -352,14 +330,14 @@ def test_resume_and_replay_refuse_a_config_that_is_not_the_runs(tmp_path, tokeni
     from evolm.jobs import run_es
     from evolm.runs import RunDir
 
-    cfg = _tiny_cfg(tmp_path, iterations=1, noise_table_size=1 << 22)
-    run = _run(cfg, tokenizer, vowel_task)[0]
+    cfg = tiny_es_cfg(tmp_path, iterations=1, noise_table_size=1 << 22)
+    run = run_tiny_es(cfg, tokenizer, vowel_task)[0]
     header = run.seed_log()[0]
     assert header["perturb"]["arithmetic"] == "product-rounded-then-add" and header["noise"]["scheme"] == "member"
     for change in ({"run": ("seed", 1)}, {"es": ("noise", "stream")}, {"es": ("params", ["norm"])},
                    {"es": ("noise_table_size", 1 << 21)}):
         (section, (field, value)), = change.items()
-        other = _tiny_cfg(tmp_path, iterations=2, noise_table_size=1 << 22)
+        other = tiny_es_cfg(tmp_path, iterations=2, noise_table_size=1 << 22)
         setattr(getattr(other, section), field, value)
         model = make_tiny_model(tokenizer)
         with pytest.raises(ConfigError, match="does not describe the run"):
@@ -372,7 +350,7 @@ def test_resume_and_replay_refuse_a_config_that_is_not_the_runs(tmp_path, tokeni
 def test_legacy_seed_logs_replay_with_the_per_tensor_table(tiny_model):
     from evolm.es.engine import build_paramset
 
-    cfg = _tiny_cfg(".", noise_table_size=1 << 22)
+    cfg = tiny_es_cfg(".", noise_table_size=1 << 22)
     header = {"kind": "header", "noise": {"kind": "table", "seed": build_paramset(tiny_model, cfg).noise.seed, "size": 1 << 22}}
     params = build_paramset(tiny_model, cfg, header)
     assert params.noise.scheme == "tensor" and params.noise.describe()["size"] == 1 << 22
@@ -410,7 +388,7 @@ def test_a_reward_that_raises_skips_the_update_and_keeps_weights(tmp_path, token
 
     model = make_tiny_model(tokenizer)
     before = _snapshot(model)
-    run, _ = _run(_tiny_cfg(tmp_path, iterations=2, population=2), tokenizer, Broken(), model=model)
+    run, _ = run_tiny_es(tiny_es_cfg(tmp_path, iterations=2, population=2), tokenizer, Broken(), model=model)
     assert [r["update_status"] for r in run.metrics() if r.get("kind") == "train"] == ["skipped", "skipped"]
     assert "checker crashed" in run.metrics()[-1]["message"]
     for n, p in model.named_parameters():
@@ -422,7 +400,7 @@ def test_es_restricted_to_norms_moves_only_norms(tmp_path, tokenizer, vowel_task
 
     model = make_tiny_model(tokenizer)
     before = _snapshot(model)
-    _run(_tiny_cfg(tmp_path, iterations=2, params=["norm"], sigma=1.0), tokenizer, vowel_task, model=model)
+    run_tiny_es(tiny_es_cfg(tmp_path, iterations=2, params=["norm"], sigma=1.0), tokenizer, vowel_task, model=model)
     moved = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
     assert moved and all("norm" in n for n in moved)
 
@@ -484,12 +462,12 @@ def test_a_run_without_weights_resumes_by_replaying_its_seed_log(tmp_path, token
     from evolm.jobs import run_es
     from evolm.runs import RunDir, atomic_write_jsonl
 
-    _, uninterrupted = _run(_tiny_cfg(tmp_path / "a", iterations=4), tokenizer, vowel_task)
+    _, uninterrupted = run_tiny_es(tiny_es_cfg(tmp_path / "a", iterations=4), tokenizer, vowel_task)
 
-    cfg_b = _tiny_cfg(tmp_path / "b", iterations=4)
+    cfg_b = tiny_es_cfg(tmp_path / "b", iterations=4)
     cfg_b.run.checkpoint_every = 1
     with pytest.raises(Kill):
-        _run(cfg_b, tokenizer, vowel_task, callbacks=(kill_at(3),))
+        run_tiny_es(cfg_b, tokenizer, vowel_task, callbacks=(kill_at(3),))
     run_b = RunDir.open(tmp_path / "b" / "run")
     shutil.rmtree(run_b.checkpoint_dir)  # the weights stayed behind: only the logs travel
     seconds_3 = [r for r in run_b.train_records() if r["step"] == 3][0]["seconds_total"]
@@ -499,7 +477,7 @@ def test_a_run_without_weights_resumes_by_replaying_its_seed_log(tmp_path, token
     with pytest.raises(UserError, match="does not hold updates 1..3 in order"):
         run_es(cfg_b, resume=run_b, model=make_tiny_model(tokenizer), tokenizer=tokenizer, task=vowel_task, quiet=True)
     atomic_write_jsonl(run_b.seed_log_path, torn)
-    ray = _tiny_cfg(tmp_path / "b", iterations=4)
+    ray = tiny_es_cfg(tmp_path / "b", iterations=4)
     ray.distributed.workers = 2
     with pytest.raises(UserError, match="resume with --set distributed.workers=0"):
         run_es(ray, resume=run_b, model=make_tiny_model(tokenizer), tokenizer=tokenizer, task=vowel_task, quiet=True)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import Kill, kill_at, make_tiny_model
+from conftest import Kill, kill_at, make_tiny_model, run_tiny_es, tiny_es_cfg
 from evolm import config
 from evolm.backends.base import SamplingParams
 from evolm.backends.hf import HFGenerator
@@ -244,31 +244,14 @@ def test_lowrank_update_that_would_overflow_is_refused_and_changes_nothing(tiny_
 # -- the engine on a low-rank run ---------------------------------------------------------------------
 
 def _tiny_cfg(tmp_path, **es):
-    cfg = config.ESJob()
-    cfg.run.out_dir, cfg.run.name, cfg.run.progress, cfg.run.checkpoint_every = str(tmp_path), "run", False, 0
-    cfg.eval.before_after = False
-    cfg.generation.max_new_tokens = 8
-    cfg.es.population, cfg.es.prompts_per_iteration, cfg.es.iterations = 8, 8, 15
-    cfg.es.sigma, cfg.es.lr = 0.02, 0.01
-    cfg.es.perturbation, cfg.es.rank = "lowrank", 2
-    for k, v in es.items():
-        setattr(cfg.es, k, v)
-    return cfg
-
-
-def _run(cfg, tokenizer, task, model=None, **kw):
-    from evolm.jobs import run_es
-
-    model = model or make_tiny_model(tokenizer)
-    return run_es(cfg, model=model, tokenizer=tokenizer, task=task, generator=HFGenerator(model, tokenizer, 16),
-                  quiet=True, **kw), model
+    return tiny_es_cfg(tmp_path, **{"perturbation": "lowrank", "rank": 2, **es})
 
 
 def test_lowrank_es_raises_reward_of_a_tiny_model(tmp_path, tokenizer, vowel_task):
     # The centre (the unperturbed weights) is scored every update: the population mean mixes progress
     # with how far rank-r members sit from the centre, which at equal sigma is farther than full-rank
     # members (their output changes are coherent across positions).
-    run, _ = _run(_tiny_cfg(tmp_path, iterations=15, rank=4, sigma=0.01, eval_center_every=1), tokenizer, vowel_task)
+    run, _ = run_tiny_es(_tiny_cfg(tmp_path, iterations=15, rank=4, sigma=0.01, eval_center_every=1), tokenizer, vowel_task)
     center = [r["center_reward"] for r in run.metrics() if r.get("kind") == "train"]
     assert np.mean(center[-3:]) > np.mean(center[:3]) + 0.05
     header = run.seed_log()[0]
@@ -282,12 +265,12 @@ def test_lowrank_resume_after_a_kill_is_bit_identical_and_replay_matches(tmp_pat
     from evolm.runs import RunDir
 
     cfg = _tiny_cfg(tmp_path / "a", iterations=4, estimator="antithetic")
-    _, uninterrupted = _run(cfg, tokenizer, vowel_task)
+    _, uninterrupted = run_tiny_es(cfg, tokenizer, vowel_task)
 
     cfg_b = _tiny_cfg(tmp_path / "b", iterations=4, estimator="antithetic")
     cfg_b.run.checkpoint_every = 2
     with pytest.raises(Kill):
-        _run(cfg_b, tokenizer, vowel_task, callbacks=(kill_at(3),))
+        run_tiny_es(cfg_b, tokenizer, vowel_task, callbacks=(kill_at(3),))
     run_b = RunDir.open(tmp_path / "b" / "run")
     assert run_b.latest_checkpoint()[1]["step"] == 2
     fresh = make_tiny_model(tokenizer)
@@ -322,7 +305,7 @@ def test_analyses_work_on_a_lowrank_run(tmp_path, tokenizer, vowel_task):
     model = make_tiny_model(tokenizer)
     model.save_pretrained(tmp_path / "base")
     before = _snapshot(model)
-    run, model = _run(_tiny_cfg(tmp_path, iterations=1, rank=4), tokenizer, vowel_task, model=model)
+    run, model = run_tiny_es(_tiny_cfg(tmp_path, iterations=1, rank=4), tokenizer, vowel_task, model=model)
     records = run.seed_log()
     assert records[1]["status"] == "applied"
     delta = torch.cat([(p.detach() - before[n]).flatten() for n, p in model.named_parameters()
@@ -343,7 +326,7 @@ def test_analyses_work_on_a_lowrank_run(tmp_path, tokenizer, vowel_task):
 def test_lowrank_in_bfloat16_keeps_float32_masters(tmp_path, tokenizer, vowel_task):
     model = make_tiny_model(tokenizer).to(torch.bfloat16)
     before = _snapshot(model)
-    run, model = _run(_tiny_cfg(tmp_path, iterations=2, sigma=0.05), tokenizer, vowel_task, model=model)
+    run, model = run_tiny_es(_tiny_cfg(tmp_path, iterations=2, sigma=0.05), tokenizer, vowel_task, model=model)
     assert all(r["update_status"] == "applied" for r in run.metrics() if r.get("kind") == "train")
     assert any(not torch.equal(p, before[n]) for n, p in model.named_parameters())
     assert (run.path / "final" / "model.safetensors").exists()

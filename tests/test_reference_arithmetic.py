@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import Kill, kill_at
+from conftest import Kill, kill_at, run_tiny_es, tiny_es_cfg
 
 from evolm import config
 from evolm.errors import ConfigError
@@ -174,27 +174,11 @@ def test_pipeline_and_ask_tell_refuse_reference(tiny_model):
 # -- the engine: metrics, resume and replay bit for bit ------------------------------------------------
 
 def _cfg(tmp_path, iterations=4, checkpoint_every=0):
-    cfg = config.ESJob()
-    cfg.run.out_dir, cfg.run.name, cfg.run.progress, cfg.run.checkpoint_every = str(tmp_path), "run", False, checkpoint_every
-    cfg.eval.before_after = False
-    cfg.model.dtype = "bfloat16"
-    cfg.generation.max_new_tokens = 6
-    cfg.es.population, cfg.es.prompts_per_iteration, cfg.es.iterations = 4, 4, iterations
-    cfg.es.sigma, cfg.es.lr = 0.02, 0.01
-    cfg.es.arithmetic, cfg.es.reference_error_sample = "reference", 4096
+    cfg = tiny_es_cfg(tmp_path, population=4, prompts=4, iterations=iterations, max_new_tokens=6, model_dtype="bfloat16",
+                      arithmetic="reference", reference_error_sample=4096)
+    cfg.run.checkpoint_every = checkpoint_every
     config.validate(cfg)
     return cfg
-
-
-def _run(cfg, tokenizer, task, **kw):
-    from conftest import make_tiny_model
-
-    from evolm.backends.hf import HFGenerator
-    from evolm.jobs import run_es
-
-    model = make_tiny_model(tokenizer).to(torch.bfloat16)
-    return run_es(cfg, model=model, tokenizer=tokenizer, task=task, generator=HFGenerator(model, tokenizer, 16),
-                  quiet=True, **kw), model
 
 
 def test_reference_run_logs_its_error_and_resumes_and_replays_bit_for_bit(tmp_path, tokenizer, vowel_task):
@@ -206,7 +190,7 @@ def test_reference_run_logs_its_error_and_resumes_and_replays_bit_for_bit(tmp_pa
     from evolm.jobs import run_es
     from evolm.runs import RunDir
 
-    run_a, straight = _run(_cfg(tmp_path / "a"), tokenizer, vowel_task)
+    run_a, straight = run_tiny_es(_cfg(tmp_path / "a"), tokenizer, vowel_task)
     base = make_tiny_model(tokenizer).to(torch.bfloat16)
     assert any(not torch.equal(p, q) for p, q in zip(straight.parameters(), base.parameters()))  # training moved weights
     header = run_a.seed_log()[0]
@@ -217,7 +201,7 @@ def test_reference_run_logs_its_error_and_resumes_and_replays_bit_for_bit(tmp_pa
 
     cfg_b = _cfg(tmp_path / "b", checkpoint_every=2)
     with pytest.raises(Kill):
-        _run(cfg_b, tokenizer, vowel_task, callbacks=(kill_at(3),))
+        run_tiny_es(cfg_b, tokenizer, vowel_task, callbacks=(kill_at(3),))
     run_b = RunDir.open(tmp_path / "b" / "run")
     assert run_b.latest_checkpoint()[1]["step"] == 2
     fresh = make_tiny_model(tokenizer).to(torch.bfloat16)
@@ -243,7 +227,7 @@ def test_reference_run_logs_its_error_and_resumes_and_replays_bit_for_bit(tmp_pa
 def test_exact_and_reference_runs_refuse_each_others_seed_logs(tmp_path, tokenizer, vowel_task):
     from evolm.es.engine import replay
 
-    run, _ = _run(_cfg(tmp_path, iterations=1), tokenizer, vowel_task)
+    run, _ = run_tiny_es(_cfg(tmp_path, iterations=1), tokenizer, vowel_task)
     exact = _cfg(tmp_path, iterations=1)
     exact.es.arithmetic = "exact"
     from conftest import make_tiny_model
@@ -263,11 +247,11 @@ def test_a_reference_run_without_weights_resumes_by_replay_with_its_rounding(tmp
     from evolm.jobs import run_es
     from evolm.runs import RunDir
 
-    run_a, straight = _run(_cfg(tmp_path / "a"), tokenizer, vowel_task)
+    run_a, straight = run_tiny_es(_cfg(tmp_path / "a"), tokenizer, vowel_task)
 
     cfg_b = _cfg(tmp_path / "b", checkpoint_every=2)
     with pytest.raises(Kill):
-        _run(cfg_b, tokenizer, vowel_task, callbacks=(kill_at(3),))
+        run_tiny_es(cfg_b, tokenizer, vowel_task, callbacks=(kill_at(3),))
     run_b = RunDir.open(tmp_path / "b" / "run")
     shutil.rmtree(run_b.checkpoint_dir)
     shutil.rmtree(run_b.path / "base")  # a copy without weights has no base/ either

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from conftest import run_tiny_es, tiny_es_cfg
 from evolm import config
 from evolm.backends.base import SamplingParams
 from evolm.backends.hf import HFGenerator
@@ -142,25 +143,13 @@ def test_grpo_and_pipelines_refuse_verify(job):
 # -- the ES loop ------------------------------------------------------------------------------------
 
 def _cfg(tmp_path, verify, **es):
-    cfg = config.ESJob()
-    cfg.run.out_dir, cfg.run.name, cfg.run.progress, cfg.run.checkpoint_every = str(tmp_path), "run", False, 0
-    cfg.eval.before_after = False
-    cfg.generation.max_new_tokens, cfg.generation.verify = 10, verify
-    cfg.es.population, cfg.es.prompts_per_iteration, cfg.es.iterations = 4, 6, 3
-    cfg.es.sigma, cfg.es.lr = 0.02, 0.01
-    for k, v in es.items():
-        setattr(cfg.es, k, v)
+    cfg = tiny_es_cfg(tmp_path, **{"population": 4, "prompts": 6, "iterations": 3, "max_new_tokens": 10, **es})
+    cfg.generation.verify = verify
     return cfg
 
 
 def _run(cfg, tokenizer, task, **kw):
-    from conftest import make_tiny_model
-
-    from evolm.jobs import run_es
-
-    model = make_tiny_model(tokenizer)
-    return run_es(cfg, model=model, tokenizer=tokenizer, task=task, generator=HFGenerator(model, tokenizer, 4),
-                  quiet=True, **kw), model
+    return run_tiny_es(cfg, tokenizer, task, batch_size=4, **kw)
 
 
 def _train(run):
