@@ -12,7 +12,7 @@
 #   bash experiments/refnum/run.sh smollm2     # the SmolLM2 runs and their analyses only
 #   bash experiments/refnum/run.sh analyses    # the analyses of whatever has finished
 #   bash experiments/refnum/run.sh arm es smollm2-es-exact-f32 &   # one run, e.g. two side by side on 2 cores:
-#   bash experiments/refnum/run.sh arm es smollm2-es-reference-bf16 &  # (ANALYSE=1: its analyses too)
+#   bash experiments/refnum/run.sh arm es smollm2-es-reference-bf16 &  # (ANALYSE=1: its analyses too; MAGNITUDE=0: not analyze magnitude)
 #   bash experiments/refnum/run.sh save        # before a session ends: every run's small files (seed log, metrics,
 #                                              # held-out tables, config; no weights) to docs/study/refnum/runs/, to commit;
 #                                              # the next session's run.sh restores a run absent from runs/refnum from
@@ -41,7 +41,9 @@ SMOKE=()  # ITERATIONS / POPULATION shrink every run (a smoke); unset for the re
 mkdir -p "$OUT"
 
 KEEP=${KEEP:-docs/study/refnum/runs}  # where a run's small files are kept between sessions (committed, no weights)
-SMALL=(config.toml run.json config_history.jsonl seed_log.jsonl metrics.jsonl eval_before.json eval_after.json)
+# the small files of a run (no weights): summarise.py's list, read from there so the two cannot drift apart
+small=$("$PY" -c 'import sys; sys.path.insert(0, "experiments/refnum"); from summarise import SMALL; print(*SMALL)')
+read -r -a SMALL <<< "$small"
 
 save() {  # copy every run's small files under $OUT to $KEEP, so a later session (runs/ is not kept) can continue it
   local dir name f
@@ -106,7 +108,8 @@ analyse() {  # analyse DIR LABEL=RUN: drift, localisation, magnitude and sparsit
   echo "$at" > "$dir/updates"
   [ -f "$dir/drift.json" ] || "$PY" -m evolm analyze drift "${args[@]}" --out "$dir"
   [ -f "$dir/localisation.json" ] || "$PY" -m evolm analyze localisation "${args[@]}" --k 100 --k 144 --out "$dir"
-  [ -f "$dir/magnitude.json" ] || "$PY" -m evolm analyze magnitude "${args[@]}" --k 100 --permutations "${PERMUTATIONS:-20}" --out "$dir"
+  # MAGNITUDE=0 skips analyze magnitude (its dtype null holds ~50 bytes per coordinate: 13 GB for Gemma-3-270M)
+  [ -f "$dir/magnitude.json" ] || [ "${MAGNITUDE:-1}" = 0 ] || "$PY" -m evolm analyze magnitude "${args[@]}" --k 100 --permutations "${PERMUTATIONS:-20}" --out "$dir"
   # τ = m x the single-update RMS lr / sqrt(N) = 5e-4 / sqrt(30) (the paper's "a threshold within the magnitude range
   # of a single ES update"); counts only (--no-eval): the random-walk prediction is erf(m / sqrt(2T))
   [ -f "$dir/sparsity.json" ] || "$PY" -m evolm analyze sparsity "${args[@]}" --no-eval --tau-scale 9.128709291752768e-05 \
