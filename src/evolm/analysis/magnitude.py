@@ -46,7 +46,7 @@ Design decisions:
   spacing and steps (float64), one permutation (int64) and its shuffled |Δ*| (float64): about 50 bytes
   per coordinate at the peak besides the loaded weights, by count (~6.5 GB for SmolLM2-135M; measured
   before steps were float64, at about 30 bytes, the smoke of two Gemma-3-270M runs peaked at 8.4 GB
-  resident with everything loaded).
+  resident with everything loaded; with float64 steps a Gemma-3-270M run was seen at 14.8 GB resident).
 - Planted checks (``tests/test_magnitude.py``): a pure ±1-ulp walk in bfloat16 puts the top k in the
   norm weights in absolute |Δ| and nowhere special relatively or against the dtype-matched null; the
   same-length float32 Gaussian walk has no absolute enrichment; a bf16 walk whose norm coordinates take
