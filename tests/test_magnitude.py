@@ -188,3 +188,33 @@ def test_float32_null_with_zero_bases_is_finite_and_counts_the_observed_top_k():
     top = torch.cat([delta[n].flatten() for n in base]).abs().topk(100).values
     assert rec["at_least_kth"]["kth"] == pytest.approx(float(top[-1]), rel=1e-6)
     assert rec["observed"]["attention"] == 100 and rec["observed"]["embedding"] == 0
+
+
+def test_zero_and_off_binade_bases_are_held_out_of_the_dtype_null():
+    """Dequantised 4-bit bases hold exact zeros (325,128 in SmolLM2-135M): in bf16 a zero's spacing is 2^-133, so
+    a 1e-4 move reads ~1e36 "steps", and wherever a shuffle put those counts was the null's top k (the null read
+    parameter shares, and a pure ±1-ulp walk looked ~100x norm-enriched). Coordinates that walked away from θ0's
+    spacing (θ0 = 0, a tiny θ0, a sign change) keep their observed Δ in every shuffle instead, so the pure walk is
+    explained by spacing again, and the held-out count is reported."""
+    base = _base()
+    gen = torch.Generator().manual_seed(5)
+    zeroed = {}
+    for name, x in base.items():
+        if name != NORM:
+            mask = torch.rand(x.shape, generator=gen) < 0.002  # SmolLM2's share is 0.0024
+            x[mask] = 0.0
+            x[torch.rand(x.shape, generator=gen) < 0.001] = 1e-8  # tiny, non-zero: its spacing is ~1e-15
+            zeroed[name] = mask | (x == 1e-8)
+    walked = _ulp_walk(base, {"*": 16})
+    for name, mask in zeroed.items():  # a bf16 zero (or tiny weight) takes the update whole: ~1e-4, not an ulp of 0
+        move = (torch.randn(base[name].shape, generator=gen) * 1e-4).to(torch.bfloat16).float()
+        walked[name] = torch.where(mask, (base[name] + move).to(torch.bfloat16).float(), walked[name])
+    null = dtype_null_localisation(base, walked, "bfloat16", k=100, permutations=20)
+    norm = null["by_category"]["norm"]
+    assert norm["observed"] >= 90  # the top 100 |Δ| are still the norm weights' ulps (2^-9 .. 2^-5 ≫ 1e-4)
+    assert norm["null_mean"] >= 90 and 0.9 < norm["enrichment"] < 1.1  # spacing explains it (before the rule: 7)
+    expected_held = sum(int((m & (walked[n] != base[n])).sum()) for n, m in zeroed.items())
+    assert null["held_out"]["num"] >= expected_held > 0 and null["held_out"]["by_category"]["norm"] == 0
+    assert sum(null["held_out"]["in_observed_top_k"].values()) == 0
+    steps = step_counts(base, walked, "bfloat16")["by_category"]["mlp"]
+    assert steps["num_held_out"] > 0 and steps["mean_steps"] < 100  # the held-out coordinates' ~1e36 left out

@@ -26,6 +26,15 @@ views that can:
   at enrichment ≈ 1 against this null; one where ES takes more steps is above it. When the null itself
   puts (nearly) the whole top k in one category (its interval reaches k), the count cannot tell ES
   from spacing there: read the step counts and the relative view instead.
+  Only a walk that stayed near θ0 has a step count: a coordinate whose θ0 is 0, or whose θ left
+  ``[θ0/2, 2·θ0]`` (crossed zero, or moved by more than |θ0|), walked through spacings other than ulp(θ0),
+  and its Δ / ulp(θ0) means nothing (a zero's spacing is 2^-133 in bf16, 2^-149 in float32: a 1e-4 move is
+  ~1e36 "steps"). Such coordinates are *held out*: they keep their observed Δ in every shuffle (they still
+  compete for the top k, on both sides alike) and their step counts are not shuffled onto others. Before
+  this rule, the 325,128 zero weights of SmolLM2-135M's dequantised 4-bit base (6.2 M in Gemma-3-270M's)
+  carried ~1e33-1e38 steps, and wherever a shuffle put them was the null's top k: the null read parameter
+  shares (SmolLM2) or "all in norm" (Gemma, the largest spacings), not spacing. ``held_out`` reports how
+  many coordinates were held, by category, and their share of the observed top k.
 
 ``magnitude_analysis`` runs all of it plus the per-category step-count summary (``step_counts``: how
 many coordinates moved, the median and mean |steps|, the share that moved exactly one ulp). The dtype
@@ -42,11 +51,12 @@ Design decisions:
   generator: results are reproducible and the null's population is the one the exchangeable null uses.
 - Steps are float64 (``_steps``): a float32 zero's spacing is 2^-149, so Δ / spacing overflows float32
   for |Δ| > 4.8e-7; spacings are powers of two, so every result that was finite in float32 is unchanged.
-- Memory: the coordinates in scope are flattened once per trained model (θ0, θ, category ids), then
-  spacing and steps (float64), one permutation (int64) and its shuffled |Δ*| (float64): about 50 bytes
-  per coordinate at the peak besides the loaded weights, by count (~6.5 GB for SmolLM2-135M; measured
-  before steps were float64, at about 30 bytes, the smoke of two Gemma-3-270M runs peaked at 8.4 GB
-  resident with everything loaded; with float64 steps a Gemma-3-270M run was seen at 14.8 GB resident).
+  Within a factor of 2 of θ0 the difference θ − θ0 is exact (Sterbenz), so a held-in step count is exact.
+- Memory: the coordinates in scope are flattened once per trained model (θ0, θ, category ids); the null
+  keeps the held-in coordinates' steps (float64), spacing (float32) and categories compacted, the held-out
+  ones' |Δ|, then one permutation (int64) and its shuffled |Δ*| (float64) at a time: about 50 bytes per
+  coordinate at the peak besides the loaded weights, by count (~6.5 GB for SmolLM2-135M; a Gemma-3-270M
+  run was seen at 14.8 GB resident with everything loaded, before the held-out rule).
 - Planted checks (``tests/test_magnitude.py``): a pure ±1-ulp walk in bfloat16 puts the top k in the
   norm weights in absolute |Δ| and nowhere special relatively or against the dtype-matched null; the
   same-length float32 Gaussian walk has no absolute enrichment; a bf16 walk whose norm coordinates take
@@ -90,6 +100,15 @@ def _steps(b, t, dtype: str):
     return spacing, (t - b).double() / spacing
 
 
+def _held_in(b, t):
+    """Coordinates whose Δ / ulp(θ0) is a walk's step count: θ0 ≠ 0 and θ in ``[θ0/2, 2·θ0]`` (same sign, so
+    the spacing changed by at most a factor of 2 along the way). Unchanged coordinates are held in (0 steps)."""
+    import torch
+
+    a, c = b.abs(), t.abs()
+    return (b != 0) & (torch.sign(t) == torch.sign(b)) & (c <= 2 * a) & (2 * c >= a)
+
+
 def _flat(base: dict, trained: dict, names: list[str]):
     import torch
 
@@ -117,7 +136,7 @@ def _coordinates(base: dict, trained: dict, scope) -> tuple:
     return b, t, _category_index(base, names)
 
 
-def _top_k_cut(score, cat_ids, k: int) -> dict:
+def _top_k_cut(score, cat_ids, k: int, held=None) -> dict:
     """The top ``k`` coordinates of ``score`` (> 0) by category, with ties at the k-th value split evenly.
 
     A low-precision Δ takes few distinct values (bf16: whole ulps), so the k-th largest is often shared
@@ -126,28 +145,42 @@ def _top_k_cut(score, cat_ids, k: int) -> dict:
     its share ``(k − above) / tied`` of each tied one: the expected counts of a uniformly random
     tie-break, summing to k (integers when no tie is cut), so an observed cut and a null's compare on
     one scale. ``at_least_kth``: the whole set at or above the k-th value, by category (integers);
-    ``size``, ``tied`` (coordinates equal to the k-th value) and ``kth`` describe it."""
+    ``size``, ``tied`` (coordinates equal to the k-th value) and ``kth`` describe it.
+
+    ``held``: optional ``(score, cat_ids)`` of more coordinates competing for the same top k (the dtype
+    null's held-out ones, kept apart so that the shuffled part need not be copied into one tensor);
+    ``held_counts`` is then their tie-split share of ``counts``."""
     import torch
 
-    k = min(k, int((score > 0).sum()))
+    parts = [(score, cat_ids)] + ([held] if held is not None else [])
+    k = min(k, sum(int((s > 0).sum()) for s, _ in parts))
     if k == 0:
         zero = {c: 0 for c in CATEGORIES}
-        return {"k": 0, "kth": None, "size": 0, "tied": 0, "counts": zero, "at_least_kth": dict(zero)}
-    kth = torch.topk(score, k, sorted=False).values.min()
-    above, tied = score > kth, score == kth
-    n_above, n_tied = int(above.sum()), int(tied.sum())
-    ca = torch.bincount(cat_ids[above].long(), minlength=len(CATEGORIES)).tolist()
-    ct = torch.bincount(cat_ids[tied].long(), minlength=len(CATEGORIES)).tolist()
-    cut = n_above + n_tied > k
-    share = (k - n_above) / n_tied
-    counts = {c: (ca[i] + share * ct[i]) if cut else ca[i] + ct[i] for i, c in enumerate(CATEGORIES)}
-    return {"k": k, "kth": float(kth), "size": n_above + n_tied, "tied": n_tied, "counts": counts,
-            "at_least_kth": {c: ca[i] + ct[i] for i, c in enumerate(CATEGORIES)}}
+        return {"k": 0, "kth": None, "size": 0, "tied": 0, "counts": zero, "at_least_kth": dict(zero),
+                "held_counts": dict(zero)}
+    tops = [torch.topk(s, min(k, s.numel()), sorted=False).values.double() for s, _ in parts if s.numel()]
+    kth = torch.topk(torch.cat(tops), k, sorted=False).values.min()
+    n = len(CATEGORIES)
+    ca, ct = [], []
+    for s, ids in parts:
+        ca.append(torch.bincount(ids[s > kth].long(), minlength=n).tolist())
+        ct.append(torch.bincount(ids[s == kth].long(), minlength=n).tolist())
+    n_above, n_tied = sum(map(sum, ca)), sum(map(sum, ct))
+    share = (k - n_above) / n_tied if n_above + n_tied > k else 1
+
+    def split(a, t):  # share is the int 1 when no tie is cut: integer counts
+        return {c: a[i] + share * t[i] for i, c in enumerate(CATEGORIES)}
+
+    total_a = [sum(x[i] for x in ca) for i in range(n)]
+    total_t = [sum(x[i] for x in ct) for i in range(n)]
+    return {"k": k, "kth": float(kth), "size": n_above + n_tied, "tied": n_tied, "counts": split(total_a, total_t),
+            "at_least_kth": {c: total_a[i] + total_t[i] for i, c in enumerate(CATEGORIES)},
+            "held_counts": split(ca[1], ct[1]) if held is not None else {c: 0 for c in CATEGORIES}}
 
 
-def _top_k_counts(score, cat_ids, k: int) -> dict:
+def _top_k_counts(score, cat_ids, k: int, held=None) -> dict:
     """``_top_k_cut``'s tie-split counts per category."""
-    return _top_k_cut(score, cat_ids, k)["counts"]
+    return _top_k_cut(score, cat_ids, k, held)["counts"]
 
 
 def relative_localisation(base: dict, trained: dict, k: int = 100, scope=None, coords=None) -> dict:
@@ -172,18 +205,23 @@ def relative_localisation(base: dict, trained: dict, k: int = 100, scope=None, c
 
 def step_counts(base: dict, trained: dict, dtype: str, scope=None, coords=None) -> dict:
     """Per category: coordinates, how many moved, and their |steps| = |Δ| / ulp(θ0) in ``dtype``
-    (``median_steps``, ``mean_steps``, ``one_step_share``: the share of moved coordinates within 1.5 ulp)."""
+    (``median_steps``, ``mean_steps``, ``one_step_share``: the share of moved coordinates within 1.5 ulp),
+    over the moved coordinates whose step count is a walk's (``_held_in``); ``num_held_out``: the moved
+    ones that are not (θ0 = 0, or θ outside [θ0/2, 2·θ0]), left out of the step statistics."""
     import torch
 
     b, t, cat_ids = coords or _coordinates(base, trained, scope)
     steps = _steps(b, t, dtype)[1].abs()
+    moved_all = t != b
+    held_in = _held_in(b, t)
     out = {}
     for i, c in enumerate(CATEGORIES):
         mask = cat_ids == i
         if not bool(mask.any()):
             continue
-        moved = steps[mask & (t != b)]
-        out[c] = {"num_params": int(mask.sum()), "num_changed": int(moved.numel()),
+        moved = steps[mask & moved_all & held_in]
+        out[c] = {"num_params": int(mask.sum()), "num_changed": int((mask & moved_all).sum()),
+                  "num_held_out": int((mask & moved_all & ~held_in).sum()),
                   "median_steps": float(moved.median()) if moved.numel() else 0.0,
                   "mean_steps": float(moved.double().mean()) if moved.numel() else 0.0,
                   "one_step_share": float((moved < 1.5).double().mean()) if moved.numel() else 0.0}
@@ -194,22 +232,30 @@ def dtype_null_localisation(base: dict, trained: dict, dtype: str, k: int = 100,
                             permutations: int = 20, seed: int = 0, coords=None) -> dict:
     """Top-k |Δ| counts per category against the dtype-matched null (step counts shuffled; module docstring).
 
-    Returns ``k``, ``dtype``, ``permutations``, ``observed`` (counts) and ``by_category``: per category
-    ``observed``, ``null_mean``, ``null_interval`` (2.5% and 97.5% of the shuffles), ``enrichment``
-    (observed / null mean; None when the null mean is 0), ``p_enriched`` and ``p_depleted``."""
+    Returns ``k``, ``dtype``, ``permutations``, ``observed`` (counts), ``held_out`` (coordinates kept at
+    their observed Δ in every shuffle: ``num``, ``by_category``, and ``in_observed_top_k``, their tie-split
+    share of the observed top k) and ``by_category``: per category ``observed``, ``null_mean``,
+    ``null_interval`` (2.5% and 97.5% of the shuffles), ``enrichment`` (observed / null mean; None when the
+    null mean is 0), ``p_enriched`` and ``p_depleted``."""
     import torch
 
     if permutations < 1:
         raise ValueError(f"permutations must be >= 1 (got {permutations})")
     b, t, cat_ids = coords or _coordinates(base, trained, scope)
-    spacing, steps = _steps(b, t, dtype)
-    cut = _top_k_cut((steps * spacing).abs(), cat_ids, k)
+    keep = _held_in(b, t)
+    spacing = ulp(b[keep], dtype)  # float32: powers of two
+    steps = (t[keep] - b[keep]).double() / spacing.double()  # exact: θ within a factor of 2 of θ0 (Sterbenz)
+    ids = cat_ids[keep]
+    held = ((t[~keep] - b[~keep]).double().abs(), cat_ids[~keep])
+    cut = _top_k_cut((steps * spacing).abs(), ids, k, held)
     observed = cut["counts"]
     gen = torch.Generator().manual_seed(int(seed))
     null = {c: [] for c in CATEGORIES}
     for _ in range(permutations):
         shuffled = steps[torch.randperm(steps.numel(), generator=gen)]
-        counts = _top_k_counts((shuffled * spacing).abs(), cat_ids, k)
+        shuffled.mul_(spacing).abs_()
+        counts = _top_k_counts(shuffled, ids, k, held)
+        del shuffled
         for c in CATEGORIES:
             null[c].append(counts[c])
     present = {CATEGORIES[i] for i in torch.unique(cat_ids).tolist()}
@@ -225,7 +271,11 @@ def dtype_null_localisation(base: dict, trained: dict, dtype: str, k: int = 100,
                           "enrichment": obs / mean if mean > 0 else None,
                           "p_enriched": (1 + sum(v >= obs for v in values)) / (len(values) + 1),
                           "p_depleted": (1 + sum(v <= obs for v in values)) / (len(values) + 1)}
+    held_ids = torch.bincount(held[1].long(), minlength=len(CATEGORIES)).tolist()
     return {"k": k, "dtype": dtype, "permutations": permutations, "observed": observed,
+            "held_out": {"rule": "theta0 = 0, or theta outside [theta0/2, 2 theta0]: kept at the observed delta",
+                         "num": int(held[0].numel()), "by_category": dict(zip(CATEGORIES, held_ids)),
+                         "in_observed_top_k": cut["held_counts"]},
             "at_least_kth": {"size": cut["size"], "tied": cut["tied"], "kth": cut["kth"]}, "by_category": by_category}
 
 
