@@ -102,6 +102,9 @@ def summarise_run(run: Path, analyses: Path, at: int | None = None) -> dict:
         out["magnitude"] = {"dtype": m["dtype"], "k": m["k"],
                             "relative_top_k": m["relative"]["by_category"],
                             "dtype_null": {c: m["dtype_null"]["by_category"][c] for c in CATS if c in m["dtype_null"]["by_category"]},
+                            # coordinates without a step count (θ0 = 0 or θ far from θ0), kept at their Δ in the null
+                            "held_out": {f: m["dtype_null"]["held_out"][f] for f in ("num", "in_observed_top_k")}
+                            if "held_out" in m["dtype_null"] else None,
                             "one_step_share": {c: m["steps"]["by_category"][c]["one_step_share"] for c in CATS
                                                if c in m["steps"]["by_category"]},
                             "median_steps": {c: m["steps"]["by_category"][c]["median_steps"] for c in CATS

@@ -288,6 +288,10 @@ def _cmd_magnitude(args) -> int:
                              f"rel {ratio(rel.get('enrichment'))}, vs {dtype} null {ratio(null.get('enrichment'))} "
                              f"of {fmt(null.get('null_mean'))}, p {format_p(null.get('p_enriched'))})")
         print(f"{label} top-{args.k}: " + ", ".join(parts))
+        held = m["dtype_null"]["held_out"]
+        if held["num"]:  # θ0 = 0 or θ far from θ0: no step count to shuffle (evolm.analysis.magnitude)
+            print(f"  {held['num']:,} coordinates held at their observed Δ in the null (θ0 = 0, or θ outside "
+                  f"[θ0/2, 2θ0]); {fmt(sum(held['in_observed_top_k'].values()))} of them in the observed top {args.k}")
         null_set = m["dtype_null"]["at_least_kth"]
         if null_set["size"] > args.k:  # counts above split the tie at the k-th |Δ| evenly (the null's too)
             print(f"  the {args.k}th |Δ| ({fmt(null_set['kth'])}) is shared by {null_set['tied']:,} coordinates: "
