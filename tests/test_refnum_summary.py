@@ -59,12 +59,15 @@ def test_real_arms_carry_their_heldout_changes_and_are_set_against_exact_float32
     out.mkdir()
     (out / "summary.json").write_text(json.dumps({"runs": {"gone-walk": {
         "run": "gone-walk", "model": "gemma3-270m", "fitness": "null: seeded N(0,1)", "updates": 20, "arithmetic": "exact",
-        "dtype": "float32"}}}))  # a walk analysed elsewhere, not under src now
+        "dtype": "float32", "magnitude": {"dtype": "float32"}}}}))  # a walk analysed elsewhere, not under src now
+    # (its magnitude.json withdrawn: computed before the dtype null's held-out rule, deleted from out/analyses)
     assert summarise.main([str(src), "--out", str(out)]) == 0
     summary = json.loads((out / "summary.json").read_text())
     runs = summary["runs"]
     assert set(runs) == {"es-exact-f32", "es-reference-bf16", "grpo-bf16", "es-exact-f32-null", "gone-walk"}
     assert runs["gone-walk"]["method"] == "es"  # kept as written, with the field later rows have
+    assert "magnitude" not in runs["gone-walk"]  # ... except the withdrawn analysis
+    assert runs["es-reference-bf16"]["magnitude"]["held_out"] is None  # written before held_out existed: none
     grpo = runs["grpo-bf16"]
     assert (grpo["method"], grpo["arithmetic"], grpo["population"], grpo["single_update_rms"]) == ("grpo", "autograd", None, None)
     assert grpo["drift"]["walk_rms"] is None and grpo["lr"] == 1e-05

@@ -239,6 +239,9 @@ def main(argv=None) -> int:
     earlier = _load(out / "summary.json") or {"runs": {}}
     have = {r["run"] for r in rows}
     rows += [r for name, r in earlier["runs"].items() if name not in have]  # walks not under RUNS now: their rows as written
+    for r in rows:  # except an analysis since withdrawn (a magnitude.json computed before a fix, deleted): not kept
+        if "magnitude" in r and not (out / "analyses" / r["run"] / "magnitude.json").exists():
+            del r["magnitude"]
     for r in rows:  # rows written before GRPO runs were summarised
         r.setdefault("method", "es")
     rows.sort(key=lambda r: (r["model"], r["fitness"] == "task reward", r["updates"], r["run"]))
