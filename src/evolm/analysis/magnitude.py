@@ -55,8 +55,9 @@ Design decisions:
 - Memory: the coordinates in scope are flattened once per trained model (θ0, θ, category ids); the null
   keeps the held-in coordinates' steps (float64), spacing (float32) and categories compacted, the held-out
   ones' |Δ|, then one permutation (int64) and its shuffled |Δ*| (float64) at a time: about 50 bytes per
-  coordinate at the peak besides the loaded weights, by count (~6.5 GB for SmolLM2-135M; a Gemma-3-270M
-  run was seen at 14.8 GB resident with everything loaded, before the held-out rule).
+  coordinate at the peak besides the loaded weights, by count (~6.5 GB for SmolLM2-135M). Measured peak
+  resident (/usr/bin/time, everything loaded, with the held-out rule): 7.6 GB for a SmolLM2-135M run,
+  14.5-14.6 GB for a Gemma-3-270M run.
 - Planted checks (``tests/test_magnitude.py``): a pure ±1-ulp walk in bfloat16 puts the top k in the
   norm weights in absolute |Δ| and nowhere special relatively or against the dtype-matched null; the
   same-length float32 Gaussian walk has no absolute enrichment; a bf16 walk whose norm coordinates take
