@@ -28,9 +28,11 @@ Design decisions:
   live process is still writing, and a run that failed before computing anything can be created
   again under the same name. A ``run.json`` update that finds the disk full rewrites the file in
   place (it fits in its own blocks), so a run stopped by a full disk still says so.
-- Weights are saved with ``save_pretrained`` (safetensors, tied weights handled, Hugging Face names),
-  never in a backend's internal (e.g. fused vLLM) naming; ``final/`` optionally in bfloat16
-  (``run.save_dtype``). Every file and directory a run writes gets the usual permissions under the
+- Weights are saved as ``save_pretrained`` lays them out (safetensors, tied weights handled, Hugging Face
+  names), never in a backend's internal (e.g. fused vLLM) naming, but written tensor by tensor
+  (``evolm.streamsave``): a save holds one tensor beyond the steady state, never a copy of the model
+  (the float32 masters of a lower-precision run are written in place of its tensors); ``final/``
+  optionally in bfloat16 (``run.save_dtype``). Every file and directory a run writes gets the usual permissions under the
   umask (0644 / 0755 under umask 022), although ``mkstemp``/``mkdtemp`` and safetensors create them
   private, so a colleague can read the models.
 - ``run.save``: ``all`` (checkpoints + ``final/``), ``final`` or ``none``; a run that saved no weights
@@ -478,7 +480,10 @@ def check_finite(model) -> None:
     """Refuse (RuntimeError) to save weights holding inf or NaN: they would replace good weights on disk."""
     import torch
 
-    for name, p in model.named_parameters():
+    from evolm.streamsave import ModelWeights
+
+    named = model.named_tensors() if isinstance(model, ModelWeights) else model.named_parameters()
+    for name, p in named:
         if p.is_floating_point() and not bool(torch.isfinite(p).all()):
             raise RuntimeError(f"refusing to save non-finite weights ({name} holds inf or NaN)")
 
@@ -499,12 +504,7 @@ def save_model_dir(target: Path, model, tokenizer, extra: dict[str, Any],
     try:
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
         os.chmod(tmp, 0o777 & ~_UMASK)
-        cast = _cast_state(model, dtype)
-        model.save_pretrained(tmp, safe_serialization=True, **cast)
-        if cast and (tmp / "config.json").exists():  # record the stored dtype, so dtype="auto" loads it as stored
-            cfg = json.loads((tmp / "config.json").read_text())
-            cfg["dtype"] = dtype
-            atomic_write_json(tmp / "config.json", cfg)
+        write_model_weights(tmp, model, dtype)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         for fname, obj in extra.items():
@@ -561,18 +561,18 @@ class signals_blocked:
         return False
 
 
-def _cast_state(model, dtype: str | None) -> dict:
-    """``save_pretrained`` keyword arguments that store the floating-point weights in ``dtype``
-    (nothing when they already are)."""
+def write_model_weights(directory: Path, model, dtype: str | None = None) -> None:
+    """The weights and config of ``model`` (a model, or ``streamsave.ModelWeights``: a model with its float32
+    masters in place of its tensors) written tensor by tensor (``evolm.streamsave``: no model-sized copy);
+    ``dtype`` (``"bfloat16"`` ...) overrides the stored floating dtype, and ``config.json`` records it, so
+    ``model.dtype = "auto"`` loads the weights as stored."""
     import torch  # local: the read side of this module (reports) does not need torch
 
-    target = getattr(torch, dtype) if dtype else None
-    state = model.state_dict()
-    if target is None or all(not t.is_floating_point() or t.dtype == target for t in state.values()):
-        return {}
-    # tied aliases (lm_head.weight = embed_tokens.weight) left out, so the file has the names a plain save writes
-    aliases = {n for n, _ in model.named_parameters(remove_duplicate=False)} - {n for n, _ in model.named_parameters()}
-    return {"state_dict": {k: t.to(target) if t.is_floating_point() else t for k, t in state.items() if k not in aliases}}
+    from evolm.streamsave import ModelWeights, write_weights
+
+    weights = model if isinstance(model, ModelWeights) else ModelWeights(model)
+    target = getattr(torch, dtype) if dtype else weights.dtype
+    write_weights(directory, weights.model, weights.replace, target)
 
 
 def load_weights(model, directory: Path) -> None:

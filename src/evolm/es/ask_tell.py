@@ -29,7 +29,7 @@ from typing import Sequence
 
 from evolm import config as config_mod
 from evolm.errors import UserError
-from evolm.es.engine import build_paramset, float32_model, run_header
+from evolm.es.engine import build_paramset, float32_copy, run_header
 from evolm.es.update import Update, compute_update, member_layout
 
 
@@ -110,4 +110,4 @@ class AskTell:
 
     def float32_model(self):
         """The model with its float32 master weights (a lower-precision model's masters; the model itself in float32)."""
-        return float32_model(self.model, self.params)
+        return float32_copy(self.model, self.params)

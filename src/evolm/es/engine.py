@@ -63,47 +63,41 @@ def check_training_data(cfg, task: Task) -> None:
     task.examples("train", cfg.es.prompts_per_iteration, seed=seed31(cfg.run.seed, "prompts", 0))
 
 
+ALLOCATED_AT_CHECK = ("weights", "weights (engine)", "driver's HF copy (weights)", "KV cache (vllm_kv_cache_gb)",
+                      "KV cache (the rest of vllm_gpu_memory_utilization)")
+"""Lines of the memory account already allocated when ``check_memory`` runs (the model is loaded and a vLLM
+engine has started with its KV cache): the check compares the rest with what is free."""
+
+
 def memory_need(model, cfg) -> dict[str, int]:
-    """Bytes ES allocates beside the loaded model on its device before the first member (``build_paramset``):
-    float32 masters when the model is not float32, and the noise table (``es.noise = "table"``: P + 2^25
-    float32 values by default). Counts every parameter (an upper bound when ``es.params`` selects fewer)."""
-    numel = sum(p.numel() for p in model.parameters())
-    need = {}
-    if next(model.parameters()).dtype != torch.float32 and cfg.es.arithmetic == "exact":
-        need["float32 masters"] = 4 * numel
-    if cfg.es.noise == "table":
-        from evolm.es.noise import TableNoise
+    """Bytes ES still allocates once the model is loaded (``evolm.memory.es_account`` less what exists by
+    then), by item: float32 masters, the noise table, the HF backend's KV cache, the save transient."""
+    from evolm.memory import ModelShape, es_account
 
-        need["noise table"] = 4 * (cfg.es.noise_table_size or TableNoise.default_size(numel))
-    return need
+    return {ln.item: ln.bytes for ln in es_account(cfg, ModelShape.of_model(model), cuda_here=_cuda(model))
+            if ln.item not in ALLOCATED_AT_CHECK and ln.bytes}
 
 
-def check_memory(model, cfg, free_bytes: int | None = None) -> None:
-    """Refuse in one line, before anything is allocated, a run whose ES state does not fit beside the model
-    (``memory_need`` against the free memory of the model's device: CUDA's ``mem_get_info``, else the RAM
-    available). ``free_bytes``: what is free (tests); None reads the machine."""
-    need = memory_need(model, cfg)
-    if not need:
-        return
-    device = next(model.parameters()).device
+def _cuda(model) -> bool:
+    return next(model.parameters()).device.type == "cuda"
+
+
+def check_memory(model, cfg, free_bytes: int | dict | None = None) -> None:
+    """Refuse in one line, before ES allocates, a run whose remaining state does not fit (``memory_need`` per
+    device against its free memory: CUDA's ``mem_get_info``, the RAM available). ``free_bytes``: what is
+    free (tests; an int means every device), None reads the machine."""
+    from evolm import memory
+
+    lines = [ln for ln in memory.es_account(cfg, memory.ModelShape.of_model(model), cuda_here=_cuda(model))
+             if ln.item not in ALLOCATED_AT_CHECK and ln.bytes]
+    devices = {ln.device for ln in lines}
     if free_bytes is None:
-        from evolm import machine
-
-        if device.type == "cuda":
-            free_bytes = int(machine.cuda_free_fraction(str(device))[0] * 2**30)
-        elif device.type == "cpu":
-            free_bytes = int(machine.available_ram_gb() * 2**30)
-        else:
-            return
-    total = sum(need.values())
-    if total > free_bytes:
-        parts = " + ".join(f"{v / 2**30:.1f} GiB {k}" for k, v in need.items())
-        fixes = (["es.noise='counter' (no table)"] if "noise table" in need else []) + \
-                (["model.dtype='float32' on the CPU (no masters)"] if "float32 masters" in need and device.type == "cpu" else []) + \
-                ["a smaller model or a device with more free memory"]
-        where = "GPU" if device.type == "cuda" else "RAM"
-        raise ConfigError(f"ES needs {parts} on {device} beside the model, but {free_bytes / 2**30:.1f} GiB of {where} "
-                          f"is free; use {', or '.join(fixes)}")
+        free = memory.free_here(devices)
+    elif isinstance(free_bytes, int):
+        free = {d: free_bytes for d in devices}
+    else:
+        free = dict(free_bytes)
+    memory.check(cfg, lines, free)
 
 
 def build_paramset(model, cfg, header: dict | None = None, generator: Generator | None = None) -> ParamSet:
@@ -223,12 +217,13 @@ def check_header(header: dict, params: ParamSet, cfg) -> None:
 # -- checkpoints ------------------------------------------------------------------------------------
 
 def save_masters(params: ParamSet, directory: Path) -> None:
+    """A checkpoint's ``masters.safetensors``: written from the masters tensor by tensor (no clone of them)."""
     if getattr(params, "masters_in_engine", False):  # masters held by a replica (a vLLM engine) write themselves
         params.save_masters(directory)
     elif params.masters is not None:
-        from safetensors.torch import save_file
+        from evolm.streamsave import write_named
 
-        save_file(params.state_dict(), str(directory / "masters.safetensors"))
+        write_named(directory / "masters.safetensors", dict(zip(params.names, params.masters)))
 
 
 def load_masters(params: ParamSet, directory: Path, model) -> None:
@@ -259,7 +254,19 @@ def load_masters(params: ParamSet, directory: Path, model) -> None:
 
 
 def float32_model(model, params: ParamSet):
-    """The model with float32 weights (the masters when generation runs in lower precision)."""
+    """What a save writes: the model itself, or, when generation runs in lower precision, the model with its
+    float32 masters in place of its tensors and every tensor stored in float32 (``streamsave.ModelWeights``:
+    references, no copy; ``runs.save_model_dir`` streams it tensor by tensor)."""
+    if not params.keeps_masters:
+        return model
+    from evolm.streamsave import ModelWeights
+
+    named = dict(model.named_parameters(remove_duplicate=False))
+    return ModelWeights(model, {n: m.view_as(named[n]) for n, m in zip(params.names, params.masters)}, torch.float32)
+
+
+def float32_copy(model, params: ParamSet):
+    """A float32 copy of the model holding the masters (for a caller that wants a model object, not a save)."""
     if not params.keeps_masters:
         return model
     clone = copy.deepcopy(model).to(torch.float32)

@@ -98,7 +98,7 @@ from evolm.checksum import tensor_checksum
 from evolm.es.engine import load_masters, save_masters, build_paramset, float32_model
 from evolm.es.population import NON_FINITE_WEIGHTS, LocalPopulation, MemberScores
 from evolm.es.update import Update
-from evolm.runs import load_weights
+from evolm.runs import load_weights, write_model_weights
 
 OBJECT_STORE_BYTES = 256 * 1024 * 1024
 """Object store of a private local Ray instance: per iteration only the prompts travel through it."""
@@ -579,7 +579,7 @@ def factory(comps, run, *, checkpoint: Path | None = None, header: dict | None =
         if injected:
             target = run.path / "replica_init"
             shutil.rmtree(target, ignore_errors=True)
-            float32_model(comps.model, params).save_pretrained(target, safe_serialization=True)
+            write_model_weights(target, float32_model(comps.model, params))
             comps.tokenizer.save_pretrained(target)
             save_masters(params, target)
             spec = source = str(target)
