@@ -196,7 +196,7 @@ class GenerationConfig:
     eval_backend: Literal["hf", "same"] = "hf"
     """Backend of held-out evaluation and probes: hf (the reference: full-vocabulary token entropy) or same (the training backend; with vllm faster, but token entropy is not measured)."""
     vllm_kv_cache_gb: float | Literal["auto"] = "auto"
-    """vllm: memory reserved for the engine's KV cache in GiB (RAM on CPU, GPU memory on CUDA), on top of its weights. auto (backend vllm): a quarter of the available RAM per engine (CPU, at most 4) or of the free GPU memory per engine on a GPU (CUDA, at most 16), rounded down to 0.25 GiB, at least 0.25; 1.0 with the hf backend (unused)."""
+    """vllm: memory reserved for the engine's KV cache in GiB (RAM on CPU, GPU memory on CUDA), on top of its weights; 0: vLLM sizes it within vllm_gpu_memory_utilization (CUDA engines only). auto (backend vllm): a quarter of the available RAM per engine (CPU, at most 4) or of the free GPU memory per engine on a GPU here (CUDA, at most 16), rounded down to 0.25 GiB, at least 0.25; 0 for engines on GPUs this machine does not have (Ray actors with distributed.gpus); 1.0 with the hf backend (unused)."""
     vllm_max_model_len: int = 2048
     """vllm: longest prompt + completion in tokens the engine accepts."""
     vllm_enforce_eager: bool = False
@@ -210,7 +210,8 @@ class GenerationConfig:
         require(0 <= self.temperature <= MAX_TEMPERATURE,
                 f"{p}.temperature must be in [0, {MAX_TEMPERATURE:g}] (got {self.temperature})")
         require(0 < self.top_p <= 1, f"{p}.top_p must be in (0, 1] (got {self.top_p})")
-        require(self.vllm_kv_cache_gb == AUTO or self.vllm_kv_cache_gb > 0, f"{p}.vllm_kv_cache_gb must be > 0 (got {self.vllm_kv_cache_gb})")
+        require(self.vllm_kv_cache_gb == AUTO or self.vllm_kv_cache_gb >= 0,
+                f"{p}.vllm_kv_cache_gb must be >= 0 (0: vLLM sizes it, CUDA engines only; got {self.vllm_kv_cache_gb})")
         require(self.vllm_max_model_len >= 16, f"{p}.vllm_max_model_len must be >= 16 (got {self.vllm_max_model_len})")
         require(self.vllm_gpu_memory_utilization == AUTO or 0 < self.vllm_gpu_memory_utilization <= 1,
                 f"{p}.vllm_gpu_memory_utilization must be in (0, 1] (got {self.vllm_gpu_memory_utilization})")
@@ -433,6 +434,21 @@ class ESJob:
                         f"distributed.gpus={d.gpus:g} puts {math.floor(1 / d.gpus + 1e-9)} vLLM engines on one GPU, each "
                         f"asking generation.vllm_gpu_memory_utilization={g.vllm_gpu_memory_utilization:g} of its memory; "
                         f"set it to at most {d.gpus:g}")
+        if g.backend == "vllm":  # vLLM stops a request at max_model_len where HF does not: rewards would depend on the backend
+            require(g.max_new_tokens < g.vllm_max_model_len,
+                    f"generation.max_new_tokens={g.max_new_tokens} leaves no room for a prompt in "
+                    f"generation.vllm_max_model_len={g.vllm_max_model_len} (vLLM would cut completions HF does not); "
+                    f"raise generation.vllm_max_model_len or lower generation.max_new_tokens")
+        if d.workers >= 2 and g.backend != "vllm":
+            require(not d.gpus,
+                    f"distributed.gpus={d.gpus:g} with distributed.workers={d.workers} HF actors run on the CPU and would "
+                    "hold GPUs they never use; set distributed.gpus=0, or use vLLM actors (generation.backend='vllm')")
+        if self.es.noise == "stream":
+            from evolm import machine
+
+            on_gpu = self.model.device.startswith("cuda") or (g.backend == "vllm" and _vllm_on_cuda(self, machine))
+            require(not on_gpu, "es.noise='stream' on a GPU draws every direction of a tensor on the CPU and holds them "
+                                "at once (28 GB for a 1.5B embedding at N = 30); use es.noise='counter' (or 'table')")
         if d.workers >= 2 and g.backend != "vllm":
             require(not self.model.device.startswith("cuda"),
                     f"model.device='{self.model.device}' with distributed.workers={d.workers} HF actors would put the "
@@ -659,17 +675,21 @@ def resolve_auto(cfg) -> list[str]:
     if isinstance(model, ModelConfig):
         if model.device == AUTO:
             cuda = machine.cuda_available()
-            driver_only = dist is not None and isinstance(dist.workers, int) and dist.workers >= 2 and (
-                not dist.gpus or (gen is not None and gen.backend == "vllm"))
+            vllm = gen is not None and gen.backend == "vllm"
+            actors = dist is not None and isinstance(dist.workers, int) and dist.workers >= 2 and (not dist.gpus or vllm)
+            driver_only = actors or vllm  # a vLLM engine, local or in actors, takes the GPU: the driver's copy stays in RAM
             model.device = "cuda" if cuda and not driver_only else "cpu"
             notes.append(f"model.device = {model.device} (auto: {'a CUDA GPU' if cuda else 'no CUDA GPU'}"
-                         + (", the driver of Ray actors" if cuda and driver_only else "") + ")")
+                         + ((", the driver of Ray actors" if actors else ", the driver of a vLLM engine that takes the GPU")
+                            if cuda and driver_only else "") + ")")
         if model.dtype == AUTO:
             fast = getattr(type(cfg), "AUTO_DTYPE_FAST", "float32")
             if fast == "float32":  # GRPO and pipelines train the model's own weights
                 because = "cpu" if model.device == "cpu" else "trains its own weights"
             elif model.device.startswith("cuda"):
                 because = "ES on CUDA, float32 masters"
+            elif gen is not None and gen.backend == "vllm" and _vllm_on_cuda(cfg, machine):
+                because = "ES in vLLM engines on CUDA, float32 masters in the engines; not this CPU's reading"
             elif model.device == "cpu":
                 amx, reading = machine.cpu_bf16_native()
                 fast, because = (fast, f"ES on {reading}, float32 masters") if amx else ("float32", f"cpu: {reading}")
@@ -726,6 +746,7 @@ def _auto_vllm(cfg, gen, dist, machine) -> list[str]:
     notes = []
     vllm = gen.backend == "vllm"
     cuda = vllm and machine.cuda_available()  # vLLM's GPU build runs on CUDA whatever model.device says
+    engines_on_cuda = vllm and _vllm_on_cuda(cfg, machine)  # actors reserving GPUs have one though this machine may not
     workers = dist.workers if dist is not None and isinstance(dist.workers, int) else 0
     share = dist.gpus if dist is not None and workers >= 2 and 0 < dist.gpus < 1 else 1.0
     if gen.vllm_gpu_memory_utilization == AUTO:
@@ -737,7 +758,11 @@ def _auto_vllm(cfg, gen, dist, machine) -> list[str]:
         else:  # no GPU here (a Ray cluster's actors may have one): vLLM's own default, within the actors' share
             gen.vllm_gpu_memory_utilization = min(0.9, share)
     if gen.vllm_kv_cache_gb == AUTO:
-        if vllm:
+        if engines_on_cuda and not cuda:  # GPUs elsewhere (Ray actors): vLLM sizes the KV cache on the GPU it gets
+            gen.vllm_kv_cache_gb = 0
+            notes.append("generation.vllm_kv_cache_gb = 0 (auto: the engines' GPUs are not on this machine; vLLM sizes "
+                         "the KV cache within generation.vllm_gpu_memory_utilization of each)")
+        elif vllm:
             if cuda:  # each actor has its own GPU unless distributed.gpus < 1 packs several onto one
                 engines = math.floor(1 / share + 1e-9) if share < 1 else 1
                 pool, where = machine.cuda_free_fraction()[0] / engines, "free GPU memory"
@@ -749,6 +774,15 @@ def _auto_vllm(cfg, gen, dist, machine) -> list[str]:
         else:
             gen.vllm_kv_cache_gb = 1.0
     return notes
+
+
+def _vllm_on_cuda(cfg, machine) -> bool:
+    """Whether this run's vLLM engines generate on CUDA: actors that reserve GPUs (``distributed.gpus``), or a
+    local engine on a machine whose torch sees a GPU (vLLM's GPU build takes it whatever ``model.device`` says)."""
+    dist = getattr(cfg, "distributed", None)
+    if dist is not None and isinstance(dist.workers, int) and dist.workers >= 2:
+        return dist.gpus > 0
+    return machine.cuda_available()
 
 
 def parallelism(cfg) -> str:

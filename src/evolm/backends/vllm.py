@@ -130,9 +130,13 @@ class VLLMGenerator(Generator):
         extra = ({"worker_cls": CPU_WORKER, "block_size": 32} if self.on_cpu
                  else {"gpu_memory_utilization": gpu_memory_utilization})
         dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+        if self.on_cpu and not kv_cache_gb:
+            raise UserError("generation.vllm_kv_cache_gb = 0 (vLLM sizes the KV cache) is for CUDA engines; this "
+                            "engine runs on the CPU: set generation.vllm_kv_cache_gb (e.g. 1)")
+        self.max_model_len = max_model_len
         self.llm = LLM(model=str(source), tokenizer=str(source), dtype=dtype, seed=seed,
                        enforce_eager=enforce_eager, max_model_len=max_model_len, enable_prefix_caching=True,
-                       kv_cache_memory_bytes=int(kv_cache_gb * (1 << 30)),
+                       kv_cache_memory_bytes=int(kv_cache_gb * (1 << 30)) if kv_cache_gb else None,
                        worker_extension_cls=f"{WORKER}.ESWorkerExtension", **extra)
         self._names = list(_hf_parameters(model))
         shapes = {n: tuple(p.shape) for n, p in _hf_parameters(model).items()}
@@ -211,12 +215,25 @@ class VLLMGenerator(Generator):
         self._check_mapping()
         self._synced = _signature(self._watched())
 
+    def check_lengths(self, prompts: list[str], params: SamplingParams) -> list[list[int]]:
+        """The prompts' token ids; refuses (one line) a prompt whose completion could pass ``max_model_len``:
+        vLLM would stop it there where the HF backend does not, and the rewards would depend on the backend."""
+        from evolm.errors import UserError
+
+        ids = [self.tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+        longest = max((len(i) for i in ids), default=0)
+        if longest + params.max_new_tokens > self.max_model_len:
+            raise UserError(f"a prompt of {longest} tokens + generation.max_new_tokens={params.max_new_tokens} > "
+                            f"generation.vllm_max_model_len={self.max_model_len}: vLLM would cut the completion where "
+                            f"HF does not; set generation.vllm_max_model_len to at least {longest + params.max_new_tokens}")
+        return ids
+
     def generate(self, prompts: list[str], params: SamplingParams) -> list[list[Completion]]:
         from vllm import SamplingParams as VSampling
 
         requests, sampling = [], []
-        for i, prompt in enumerate(prompts):
-            requests.append({"prompt_token_ids": self.tokenizer(prompt, add_special_tokens=False)["input_ids"]})
+        for i, ids in enumerate(self.check_lengths(prompts, params)):
+            requests.append({"prompt_token_ids": ids})
             sampling.append(VSampling(
                 n=params.n, temperature=params.temperature, top_p=params.top_p if not params.greedy else 1.0,
                 max_tokens=params.max_new_tokens, seed=None if params.greedy else derive_seed(params.seed, "vllm", i) % (2**31),
