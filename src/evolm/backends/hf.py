@@ -133,8 +133,9 @@ class HFGenerator(Generator):
 
     @torch.no_grad()
     def _prefix_cache(self, prefix: list[int], copies: int, repeat: int):
-        """KV cache of ``prefix`` run as ``copies`` identical rows, each row repeated ``repeat`` times."""
-        cache = self.model(torch.tensor([prefix] * copies, device=self.device), use_cache=True).past_key_values
+        """KV cache of ``prefix`` run as ``copies`` identical rows, each row repeated ``repeat`` times. The
+        decoder alone (``base_model``): the prefix's logits are never read, so the LM head is not run."""
+        cache = self.model.base_model(torch.tensor([prefix] * copies, device=self.device), use_cache=True).past_key_values
         cache.batch_repeat_interleave(repeat)
         return cache
 
