@@ -114,7 +114,7 @@ def measure(model, tokenizer, task_name: str, new_tokens: int, prompts_n: int, r
         outs = generator.generate(prompts, sampling)
     flops = counter.get_total_flops()
     cfg = model.config
-    ids, _, prefix = generator._layout(prompts)
+    ids, _, prefix = generator._layout(prompts, new_tokens)
     times, decode, prefill, decode32, linear, streamed = [], [], [], [], [], []
     model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     for _ in range(repeats):

@@ -64,3 +64,25 @@ def test_demo_cli_runs_end_to_end_with_a_tiny_budget(tmp_path, capsys):
     after = json.loads((tmp_path / run_dir / "eval_after.json").read_text())
     (like,) = [json.loads((d / "eval.json").read_text()) for d in (tmp_path / run_dir / "eval").iterdir()]
     assert like["tasks"][after["task"]]["summary"] == after["summary"]
+
+
+def test_shared_prefix_cache_gives_the_plain_greedy_completions_on_the_default_model():
+    """Real prompts with a shared prefix (the arithmetic task's chat-templated system message and demonstration;
+    Qiu et al.'s Countdown context): greedy completions with the prefix cache equal plain left padding's, and
+    the first-step logits differ only by the split prefill's rounding."""
+    from test_backends import _plain_and_cached
+    from test_countdown_data import QIU_CONTEXT
+
+    from evolm.models import load
+    from evolm.tasks import make_task
+
+    model, tokenizer = load("smollm2-135m", threads=1)
+    task = make_task("arithmetic", digits=2, operators="+")
+    arithmetic = [task.render_prompt(ex, tokenizer) for ex in task.examples("train", 12, seed=0)]
+    countdown = [QIU_CONTEXT.format(spaced=" ".join(map(str, nums)), target=t)
+                 for nums, t in (([19, 36, 55], 72), ([3, 85, 47, 9], 41), ([8, 2, 61], 67), ([44, 19, 35], 98))]
+    for prompts in (arithmetic, countdown):
+        (logits_a, out_a), (logits_b, out_b), used = _plain_and_cached(model, tokenizer, prompts, batch_size=16, max_new_tokens=16)
+        assert used and used[0] >= 16
+        assert (logits_a - logits_b).abs().max() < 1e-3  # seen: 0 (arithmetic), 3.8e-5 (countdown) on logits up to ~40
+        assert [[c.text for c in row] for row in out_a] == [[c.text for c in row] for row in out_b]

@@ -190,7 +190,7 @@ class GenerationConfig:
     top_p: float = 1.0
     """Nucleus sampling mass while training (ignored when greedy)."""
     prefix_cache: bool = True
-    """Run a prefix shared by a batch's prompts (system message, worked demonstrations) once and reuse its KV cache."""
+    """hf backend: run the token prefix a batch's prompts share (system message, worked demonstrations) once per batch and member, and reuse its KV cache for every row; false prefills each prompt whole. Same completions as without it up to float rounding (the split prefill rounds differently); batches where a sliding attention window could see the padding between prefix and suffix fall back to plain left padding."""
     verify: Literal["off", "on", "auto"] = "off"
     """ES members on the hf backend, greedy: on decodes the centre's completions once per update and verifies every member against them (one teacher-forced forward; decoding resumes only from a member's first differing token), logging verify_identical / verify_prefix; auto does so and turns itself off for the rest of the run once an update's mean shared-prefix fraction is below 0.5. Same completions up to near-tie argmax rounding (docs/es.md)."""
     eval_backend: Literal["hf", "same"] = "hf"

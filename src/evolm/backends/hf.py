@@ -12,6 +12,18 @@ Design decisions:
   cache repeated over the batch (``_encode``); rows are laid out ``[prefix][padding][suffix]`` with
   the padding masked and position ids following the mask. On SmolLM2-135M this cut greedy generation
   of 32 arithmetic prompts by ~40% on the CPU, with identical completions (tested).
+  ``generation.prefix_cache = false`` turns it off. The prefix must leave every prompt at least one
+  token of its own to run with the batch (the last position's logits start decoding): a prompt that is
+  a prefix of another, or a batch of one prompt repeated ``n`` times, shares all but its last token.
+  The logits are not bit-identical to plain left padding: the prefix's matmuls run at batch 1 and
+  the suffix's attention reads it from the cache, so they round differently (first-step max |Δ|:
+  ~4e-7 on a tiny float32 llama; on SmolLM2-135M 0 for arithmetic prompts and 3.8e-5 for Qiu-style
+  Countdown ones, logits up to ~40); greedy token ids agree except at near-ties.
+  Not with a sliding attention window (Mistral, Gemma-3's local layers) that the rows can outgrow:
+  the mask counts the window in cache slots, so padding between prefix and suffix would push prefix
+  tokens out of a padded row's window early (logits off by ~0.4 on a tiny Mistral); such batches,
+  when their prompts differ in length and prompt + ``max_new_tokens`` reaches the window, fall back
+  to plain left padding.
 - Temperature and top-p are applied by our own logits-processor list (the generation config keeps
   temperature 1 and top_p 1, so transformers adds no warpers of its own). That fixes the order:
   the entropy recorder sees the raw logits, then temperature, then top-p.
@@ -41,6 +53,16 @@ class _EntropyRecorder(LogitsProcessor):
         return scores
 
 
+def sliding_window(model) -> int | None:
+    """The model's sliding attention window in tokens when any of its layers attends through one, else None."""
+    cfg = model.config
+    cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    window = getattr(cfg, "sliding_window", None)
+    layer_types = getattr(cfg, "layer_types", None) or []
+    sliding = any("sliding" in str(t) for t in layer_types) or (window and not layer_types)
+    return int(window) if sliding and window else None
+
+
 class HFGenerator(Generator):
     def __init__(self, model, tokenizer, batch_size: int = 32, prefix_cache: bool = True, min_prefix: int = 16):
         self.model = model
@@ -64,31 +86,27 @@ class HFGenerator(Generator):
             flat += self._generate_batch(sequences[start:start + self.batch_size], params, seed=params.seed * 1_000_003 + b)
         return [flat[i * params.n:(i + 1) * params.n] for i in range(len(prompts))]
 
-    def _encode(self, prompts: list[str]) -> dict:
+    def _encode(self, prompts: list[str], max_new_tokens: int) -> dict:
         """Token ids, attention mask and (when the prompts share a long prefix) its KV cache.
 
         Without a shared prefix: ordinary left padding. With one of >= ``min_prefix`` tokens (a task's
         system message and worked demonstrations), the prefix is run once at batch size 1, its cache
         is repeated over the batch, and each row is laid out as ``[prefix][padding][own suffix]``
         with the padding masked out; position ids follow the attention mask, so every row sees the
-        positions it would see unpadded.
+        positions it would see unpadded. ``max_new_tokens``: how far the rows will grow (``_shared_prefix``).
         """
-        ids, mask, prefix = self._layout(prompts)
+        ids, mask, prefix = self._layout(prompts, max_new_tokens)
         enc = {"input_ids": torch.tensor(ids, device=self.device), "attention_mask": torch.tensor(mask, device=self.device)}
         if prefix:
             enc["past_key_values"] = self._prefix_cache(prefix, copies=1, repeat=len(ids))
         return enc
 
-    def _layout(self, prompts: list[str]) -> tuple[list[list[int]], list[list[int]], list[int]]:
+    def _layout(self, prompts: list[str], max_new_tokens: int) -> tuple[list[list[int]], list[list[int]], list[int]]:
         """Padded token ids and attention mask per prompt, and the shared prefix ([] when none is used)."""
         rows = [self.tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
-        prefix = 0
-        if self.prefix_cache and len(rows) > 1:
-            shortest = min(len(r) for r in rows)
-            while prefix < shortest - 1 and all(r[prefix] == rows[0][prefix] for r in rows):
-                prefix += 1
+        prefix = self._shared_prefix(rows, max_new_tokens)
         pad = self.tokenizer.pad_token_id
-        if prefix < self.min_prefix:
+        if not prefix:
             width = max(len(r) for r in rows)
             ids = [[pad] * (width - len(r)) + r for r in rows]
             mask = [[0] * (width - len(r)) + [1] * len(r) for r in rows]
@@ -98,16 +116,33 @@ class HFGenerator(Generator):
         mask = [[1] * prefix + [0] * (width - len(r) + prefix) + [1] * (len(r) - prefix) for r in rows]
         return ids, mask, rows[0][:prefix]
 
+    def _shared_prefix(self, rows: list[list[int]], max_new_tokens: int) -> int:
+        """Tokens of the rows' common prefix to run once: 0 (plain left padding) when caching is off, for a
+        single row, below ``min_prefix``, or when a sliding attention window would see the padding."""
+        if not self.prefix_cache or len(rows) < 2:
+            return 0
+        shortest, longest = min(len(r) for r in rows), max(len(r) for r in rows)
+        prefix = 0
+        while prefix < shortest - 1 and all(r[prefix] == rows[0][prefix] for r in rows):  # leave each row a token
+            prefix += 1
+        if prefix < self.min_prefix:
+            return 0
+        window = sliding_window(self.model)
+        if window is not None and shortest < longest and longest + max_new_tokens >= window:
+            return 0  # padding between prefix and suffix would count toward the window (module docstring)
+        return prefix
+
     @torch.no_grad()
     def _prefix_cache(self, prefix: list[int], copies: int, repeat: int):
-        """KV cache of ``prefix`` run as ``copies`` identical rows, each row repeated ``repeat`` times."""
-        cache = self.model(torch.tensor([prefix] * copies, device=self.device), use_cache=True).past_key_values
+        """KV cache of ``prefix`` run as ``copies`` identical rows, each row repeated ``repeat`` times. The
+        decoder alone (``base_model``): the prefix's logits are never read, so the LM head is not run."""
+        cache = self.model.base_model(torch.tensor([prefix] * copies, device=self.device), use_cache=True).past_key_values
         cache.batch_repeat_interleave(repeat)
         return cache
 
     @torch.no_grad()
     def _generate_batch(self, prompts: list[str], params: SamplingParams, seed: int) -> list[Completion]:
-        return self._generate_encoded(self._encode(prompts), params, seed)
+        return self._generate_encoded(self._encode(prompts, params.max_new_tokens), params, seed)
 
     @torch.no_grad()
     def _generate_encoded(self, enc: dict, params: SamplingParams, seed: int, sampler: LogitsProcessor | None = None) -> list[Completion]:

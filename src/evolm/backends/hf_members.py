@@ -80,7 +80,7 @@ class HFMemberGenerator:
         for b, start in enumerate(range(0, len(sequences), base.batch_size)):
             chunk = sequences[start:start + base.batch_size]
             seed = params.seed * 1_000_003 + b
-            ids, mask, prefix = base._layout(chunk)
+            ids, mask, prefix = base._layout(chunk, params.max_new_tokens)
             enc = {"input_ids": torch.tensor(ids * members, device=base.device),
                    "attention_mask": torch.tensor(mask * members, device=base.device)}
             if prefix:

@@ -60,7 +60,7 @@ from dataclasses import dataclass, field
 import torch
 
 from evolm.backends.base import Completion, SamplingParams
-from evolm.backends.hf import HFGenerator
+from evolm.backends.hf import HFGenerator, sliding_window
 
 LOGIT_ROWS = 8
 """Rows per chunk of the vocabulary projection over all completion positions (bounds its memory)."""
@@ -156,7 +156,7 @@ class HFVerifier:
         sequences = [p for p in prompts for _ in range(params.n)]
         batches, flat, steps = [], [], 0
         for b, start in enumerate(range(0, len(sequences), base.batch_size)):
-            ids, mask, prefix = base._layout(sequences[start:start + base.batch_size])
+            ids, mask, prefix = base._layout(sequences[start:start + base.batch_size], params.max_new_tokens)
             enc = {"input_ids": torch.tensor(ids, device=base.device), "attention_mask": torch.tensor(mask, device=base.device)}
             if prefix:
                 enc["past_key_values"] = base._prefix_cache(prefix, copies=1, repeat=len(ids))
@@ -172,10 +172,8 @@ class HFVerifier:
                       decode_steps=steps)
 
     def _check_window(self, length: int) -> None:
-        window = getattr(self.model.config, "sliding_window", None)
-        layer_types = getattr(self.model.config, "layer_types", None) or []
-        sliding = any("sliding" in str(t) for t in layer_types) or (window and not layer_types)
-        if sliding and window and length > window:
+        window = sliding_window(self.model)
+        if window is not None and length > window:
             raise ValueError(f"verification: prompt + completion ({length} tokens) exceeds the model's sliding "
                              f"attention window ({window}); set generation.verify='off'")
 
