@@ -262,5 +262,5 @@ def test_the_demo_uses_the_auto_defaults(cores):
     cores(2)
     cfg = config.from_dict(config.ESJob, data)
     assert config.parallelism(cfg) == "parallelism: 2 Ray actors x 1 thread (auto: 2 cores)"  # 49152 member tokens
-    one = config.from_dict(config.ESJob, data, ["distributed.workers=0", "model.threads=1"])  # what the README says
+    one = config.from_dict(config.ESJob, data, ["distributed.workers=0", "model.threads=1"])  # what docs/install.md says
     assert config.parallelism(one) == "parallelism: one process x 1 thread on cpu (as configured)"
