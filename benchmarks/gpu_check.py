@@ -44,7 +44,12 @@ What it measures, in this order (each a section of the JSON written to ``--out``
    the inference-only peak. On CPU (no CUDA) the RSS growth of building the masters, per parameter.
 4. ``timing``: seconds per update (``apply_update`` of N directions) and per replica checksum
    (``ray_population.weights_checksum``, what every Ray actor reports after every update).
-5. ``lowrank``: low-rank members (``es.perturbation = "lowrank"``, all N in batched generate calls)
+5. ``noise``: counter noise (torch ops, and the Triton kernel of ``evolm.es.noise_triton`` when it runs
+   on this device, compared bit for bit with the torch ops) against table noise: seconds per member
+   (perturb + restore) and per update at N = 30 (``--noise-population``), on the device.
+6. ``save``: peak memory while a checkpoint (with ``masters.safetensors``) and ``final/`` are written,
+   above the steady state, in units of the largest tensor (device: ``max_memory_allocated``; host: RSS).
+7. ``lowrank``: low-rank members (``es.perturbation = "lowrank"``, all N in batched generate calls)
    against full-rank members (perturb, generate, restore, one after another), members/s at N = 8, 16,
    32 on the same prompts (target >= 3x at N >= 16 on a GPU: reported, never asserted).
 
@@ -445,7 +450,118 @@ def check_memory_and_timing(args, model, tokenizer, device: str) -> tuple[dict, 
     return mem, timing
 
 
-# -- 5. low-rank vs full-rank members/s ---------------------------------------------------------------
+# -- 5 + 6. noise speed per member and per update; peak memory across a checkpoint and final/ -------------
+
+def check_noise_speed(args, model, device: str) -> dict:
+    """Seconds per member (perturb + restore) and per update at N = ``--noise-population`` for counter noise
+    (torch ops; the Triton kernel when it runs here, checked bit for bit against the torch ops) and table noise,
+    on the device, over the model's weights in ``--dtype`` (float32 masters unless float32)."""
+    import torch
+
+    from evolm import config
+    from evolm.es.engine import build_paramset
+
+    n = args.noise_population
+    coefficients = [((-1) ** d) * (1 + d) / n for d in range(n)]
+    rows = {}
+    variants = [("counter", "torch", "0"), ("counter", "triton", "1"), ("table", "torch", "0")]
+    triton_ok = _triton_here(device)
+    for noise, path, triton in variants:
+        if path == "triton" and not triton_ok:
+            rows[f"{noise}_{path}"] = {"skipped": "Triton is not importable or there is no CUDA device"}
+            continue
+        os.environ["EVOLM_TRITON"] = triton
+        cfg = config.ESJob()
+        cfg.model.device, cfg.model.dtype, cfg.es.noise = device, args.dtype, noise
+        state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        params = build_paramset(model, cfg)
+        _sync(device)
+        member = []
+        for m in range(args.noise_members + 1):
+            t0 = time.perf_counter()
+            params.perturb(7, m, 1, args.sigma)
+            params.restore()
+            _sync(device)
+            member.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        params.apply_update(7, coefficients, 1e-4)
+        _sync(device)
+        update = time.perf_counter() - t0
+        digest = [_bits(t).sum().item() for t in (params.masters or params.tensors)[:4]]
+        rows[f"{noise}_{path}"] = {"member_s": statistics.median(member[1:]), "update_s": update, "members_timed": len(member) - 1,
+                                   "first_member_s": member[0], "digest": digest,
+                                   "estimated_update_s": update + n * statistics.median(member[1:])}
+        del params
+        model.load_state_dict(state)
+        if device.startswith("cuda"):
+            torch.cuda.empty_cache()
+    os.environ.pop("EVOLM_TRITON", None)
+    if "digest" in rows.get("counter_triton", {}):
+        rows["triton_equals_torch_ops"] = rows["counter_triton"]["digest"] == rows["counter_torch"]["digest"]
+    return {"population": n, "dtype": args.dtype, "rows": rows}
+
+
+def _triton_here(device: str) -> bool:
+    if not device.startswith("cuda"):
+        return False
+    try:
+        from evolm.es import noise_triton
+    except ImportError:
+        return False
+    return bool(getattr(noise_triton, "triton_available", lambda: False)())
+
+
+def check_save_peak(args, model, tokenizer, device: str) -> dict:
+    """Peak memory while a checkpoint (with masters.safetensors) and final/ are written, above the steady
+    state, against the largest tensor: on CUDA ``max_memory_allocated`` on the device and the RSS peak on the
+    host; on the CPU the RSS peak (``VmHWM`` reset first). Target: at most one tensor above the steady state."""
+    import torch
+
+    from evolm import config
+    from evolm.es.engine import build_paramset, float32_model, save_masters
+    from evolm.runs import RunDir
+
+    cfg = config.ESJob()
+    cfg.model.device, cfg.model.dtype, cfg.es.noise = device, args.dtype, "counter"
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    params = build_paramset(model, cfg)
+    params.apply_update(0, [1.0, -1.0], 1e-4)
+    largest = max(p.numel() for p in model.parameters())
+    cuda = device.startswith("cuda")
+    with tempfile.TemporaryDirectory(prefix="evolm-save-peak-") as work:
+        run = RunDir(Path(work))
+        _sync(device)
+        with contextlib.suppress(OSError):
+            Path("/proc/self/clear_refs").write_text("5")
+        rss_steady = _rss_mb()
+        if cuda:
+            torch.cuda.empty_cache()
+            steady = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+        run.save_checkpoint(float32_model(model, params), 1, {}, write_extra=lambda tmp: save_masters(params, tmp))
+        run.save_final(float32_model(model, params), tokenizer)
+        _sync(device)
+        rss_peak = _hwm_mb()
+        out = {"largest_tensor_float32_mb": 4 * largest / 2**20, "rss_steady_mb": rss_steady, "rss_peak_mb": rss_peak,
+               "rss_extra_over_largest": (rss_peak - rss_steady) * 2**20 / (4 * largest)}
+        if cuda:
+            peak = torch.cuda.max_memory_allocated()
+            out.update(device_steady_mb=steady / 2**20, device_peak_mb=peak / 2**20,
+                       device_extra_mb=(peak - steady) / 2**20, device_extra_over_largest=(peak - steady) / (4 * largest))
+    del params
+    model.load_state_dict(state)
+    return out
+
+
+def _hwm_mb() -> float:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+# -- 7. low-rank vs full-rank members/s ---------------------------------------------------------------
 
 def check_lowrank(args, model, tokenizer, base_state: dict, device: str) -> dict:
     from evolm import config
@@ -539,6 +655,24 @@ def markdown(result: dict) -> str:
                       f"{tm['update_s_median']:.3f}; per replica checksum (`weights_checksum`, {tm['checksum_entries']} "
                       f"CRC-32s): {tm['checksum_s_median']:.3f}; one ES iteration of {tm['members']} members: "
                       f"{tm['es_iteration_s']:.2f}."]
+    nz = result.get("noise")
+    if nz:
+        lines += ["", f"Noise speed ({nz['dtype']}, update over N = {nz['population']}): seconds per member "
+                      "(perturb + restore) / per update / estimated update with its N members:", "",
+                  "| noise, path | member s | update s | update + N members s |", "|---|---|---|---|"]
+        for key, row in nz["rows"].items():
+            if isinstance(row, dict) and "member_s" in row:
+                lines.append(f"| {key} | {row['member_s']:.3f} | {row['update_s']:.3f} | {row['estimated_update_s']:.2f} |")
+            elif isinstance(row, dict):
+                lines.append(f"| {key} | {row.get('skipped', '')} | | |")
+        if "triton_equals_torch_ops" in nz["rows"]:
+            lines.append(f"\nTriton kernel = torch ops after a member cycle and an update: {yes(nz['rows']['triton_equals_torch_ops'])}.")
+    sv = result.get("save")
+    if sv:
+        lines += ["", f"Save (a checkpoint with masters, then final/): host RSS +{sv['rss_peak_mb'] - sv['rss_steady_mb']:.0f} MB "
+                      f"= {sv['rss_extra_over_largest']:.2f} x the largest tensor in float32 ({sv['largest_tensor_float32_mb']:.0f} MB)"
+                      + (f"; device +{sv['device_extra_mb']:.0f} MB = {sv['device_extra_over_largest']:.2f} x" if "device_extra_mb" in sv else "")
+                      + " (target: at most 1 tensor above the steady state)."]
     lr = result.get("lowrank")
     if lr:
         lines += ["", f"Low-rank (rank {lr['rank']}) vs full-rank members/s, {lr['prompts']} prompts x "
@@ -569,7 +703,9 @@ def main() -> None:
     p.add_argument("--lowrank-prompts", type=int, default=16)
     p.add_argument("--rank", type=int, default=4)
     p.add_argument("--timing-repeats", type=int, default=3)
-    p.add_argument("--skip", default="", help="comma-separated sections to leave out: identity, es, memory, lowrank")
+    p.add_argument("--noise-population", type=int, default=30, help="N of the noise-speed section's update")
+    p.add_argument("--noise-members", type=int, default=3, help="members timed per noise source (after one warm-up)")
+    p.add_argument("--skip", default="", help="comma-separated sections to leave out: identity, es, memory, noise, save, lowrank")
     p.add_argument("--fused", default="auto", choices=["auto", "on", "off"],
                    help="CPU perturbs through the compiled kernel (evolm.es.fused, built on first use); auto: "
                         "off when CUDA is present (the CPU side is then only the identity reference), on otherwise")
@@ -632,6 +768,16 @@ def main() -> None:
             result["es"] = check_es(args, model, tokenizer, base_state, device, Path(work))
         save()
         say("ES end to end done")
+    if "noise" not in skip:
+        result["noise"] = check_noise_speed(args, model, device)
+        model.load_state_dict(base_state)
+        save()
+        say("noise speed done")
+    if "save" not in skip:
+        result["save"] = check_save_peak(args, model, tokenizer, device)
+        model.load_state_dict(base_state)
+        save()
+        say("save peak done")
     if "lowrank" not in skip:
         result["lowrank"] = check_lowrank(args, model, tokenizer, base_state, device)
         save()

@@ -24,7 +24,8 @@ def tiny_check(tmp_path_factory, tokenizer):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--tiny", "--device", "cpu",
                            "--threads", "1", "--out", str(out), "--populations", "8", "--lowrank-prompts", "4",
-                           "--prompts", "4", "--max-new-tokens", "8", "--timing-repeats", "1"],
+                           "--prompts", "4", "--max-new-tokens", "8", "--timing-repeats", "1",
+                           "--noise-population", "6", "--noise-members", "1"],
                           env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(out.read_text()), done.stdout
@@ -34,7 +35,7 @@ def test_tiny_gpu_check_writes_every_section_and_says_what_it_skipped(tiny_check
     result, stdout = tiny_check
     assert result["device"] == "cpu" and result["tiny"] and result["params"] > 0
     assert any("CUDA" in s for s in result["skipped"])
-    for section in ("identity", "memory", "timing", "es", "lowrank"):
+    for section in ("identity", "memory", "timing", "es", "noise", "save", "lowrank"):
         assert section in result, section
     assert result["device_name"] in stdout and "## GPU check" in stdout  # the markdown section names the device
     timing = result["timing"]
@@ -42,6 +43,11 @@ def test_tiny_gpu_check_writes_every_section_and_says_what_it_skipped(tiny_check
     assert timing["checksum_entries"] == 2 * result["identity"]["tensors"]  # bf16: a CRC per master and per weight
     assert result["memory"]["masters_bytes_per_param"] == pytest.approx(4.0, rel=0.01)  # bf16: float32 masters of every tensor
     assert result["memory"]["masters_rss_bytes_per_param"] >= 0  # RSS growth: 0 when the allocator reuses freed pages
+    noise = result["noise"]["rows"]
+    assert noise["counter_torch"]["member_s"] > 0 and noise["table_torch"]["update_s"] > 0
+    assert "skipped" in noise["counter_triton"]  # no CUDA here
+    save = result["save"]
+    assert save["rss_peak_mb"] >= save["rss_steady_mb"] and save["largest_tensor_float32_mb"] > 0
     (row,) = result["lowrank"]["rows"]
     assert row["population"] == 8 and row["full"]["members_per_s"] > 0 and row["lowrank"]["members_per_s"] > 0
     assert row["full"]["gen_tokens"] > 0 and row["lowrank"]["gen_tokens"] > 0

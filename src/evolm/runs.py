@@ -483,8 +483,12 @@ def check_finite(model) -> None:
     from evolm.streamsave import ModelWeights
 
     named = model.named_tensors() if isinstance(model, ModelWeights) else model.named_parameters()
+    def finite(t, chunk=1 << 20):  # in chunks: isfinite of a whole tensor makes float and bool copies of it
+        flat = t.detach().reshape(-1)
+        return all(bool(torch.isfinite(flat[a:a + chunk]).all()) for a in range(0, flat.numel(), chunk))
+
     for name, p in named:
-        if p.is_floating_point() and not bool(torch.isfinite(p).all()):
+        if p.is_floating_point() and not finite(p):
             raise RuntimeError(f"refusing to save non-finite weights ({name} holds inf or NaN)")
 
 
