@@ -74,6 +74,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 from abc import ABC, abstractmethod
 from functools import lru_cache
 
@@ -376,11 +377,15 @@ class CounterNoise(NoiseSource):
     def values(self, keys: tuple[int, int], start: int, count: int, out: torch.Tensor | None = None,
                kernel: bool = True) -> torch.Tensor:
         """Noise of elements ``start .. start + count - 1`` of the tensor with ``keys`` (float32, on the
-        source's device; into ``out`` when given): the compiled kernel on the CPU when it is built
-        (``kernel=False``: always the torch ops; the same bits either way)."""
+        source's device; into ``out`` when given): the compiled kernel on the CPU when it is built, the
+        Triton kernel on CUDA when Triton imports (``counter_triton``) (``kernel=False``: always the torch
+        ops; the same bits every way)."""
         out = torch.empty(count, dtype=torch.float32, device=self.device) if out is None else out[:count]
         if start < 0 or start + count > 1 << 32:
             raise ValueError("counter noise addresses elements 0 .. 2^32 - 1 of a tensor; this tensor is larger")
+        triton_kernels = counter_triton(out, self.table) if kernel else None
+        if triton_kernels is not None:
+            return triton_kernels.counter_fill_triton(out, self.table, keys[0], keys[1], start)
         kern = _counter_kernel() if kernel and self.device.type == "cpu" else None
         if kern is not None:
             kern.counter_fill(out, self.table, keys[0], keys[1], start)
@@ -414,6 +419,20 @@ def _counter_kernel():
     from evolm.es import fused
 
     return fused.kernel()
+
+
+def counter_triton(*tensors: torch.Tensor):
+    """``evolm.es.noise_triton`` when these tensors (weights, masters, the table, an output buffer) can take
+    its Triton kernels (CUDA and Triton importable, ``EVOLM_TRITON`` not 0), else None. CPU tensors never
+    do (their paths are the compiled kernel and the torch ops, and triton is not even imported), except
+    under the tests' ``EVOLM_TRITON=interpret`` with ``TRITON_INTERPRET=1``."""
+    if tensors[0].device.type == "cpu" and os.environ.get("EVOLM_TRITON") != "interpret":
+        return None
+    if os.environ.get("EVOLM_TRITON") == "0":
+        return None
+    from evolm.es import noise_triton
+
+    return noise_triton if noise_triton.usable(*tensors) else None
 
 
 def counter_from_header(described: dict, device="cpu") -> CounterNoise:
