@@ -176,19 +176,84 @@ def interpreter_checks() -> dict:
             refused[f"{path}_{dtype}"] = [params.apply_update(0, [1.0, -1.0, 1.0], size * 0.2),
                                           same(t, before)]
     report["refused"] = refused
+
+    # -- the timing function benchmarks/gpu_check.py calls runs, and compares the paths' bits ---------------
     triton_path()
+    for dtype in (torch.float32, torch.bfloat16):
+        timed = noise_triton.benchmark_counter_noise(numel=3000, members=3, device="cpu", repeats=1, dtype=dtype)
+        report[f"benchmark_{dtype}"] = {"identical": timed.get("identical"), "restored_exact": timed["restored_exact"],
+                                        "paths": [timed["torch"]["perturb_path"], timed["triton"]["perturb_path"]],
+                                        "timed": all(timed[p][k] > 0 for p in ("torch", "triton")
+                                                     for k in ("fill_s", "member_s", "update_s"))}
+    report["benchmark_left_env"] = os.environ.get("EVOLM_TRITON")
     return report
 
 
-@pytest.fixture(scope="module")
-def report():
-    env = dict(os.environ, TRITON_INTERPRET="1", EVOLM_TRITON="interpret", OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([str(SRC), str(Path(__file__).parent)]))
-    code = ("import json, test_counter_triton as t; print('REPORT ' + json.dumps(t.interpreter_checks()))")
+KERNEL_SIGNATURES = {  # what the launches in evolm.es.noise_triton pass (ints as i32: the common case)
+    "_perturb_kernel": {"theta_ptr": "*fp32", "lost_ptr": "*i8", "orig_ptr": "*fp32", "table_ptr": "*fp32", "n": "i32",
+                        "k0": "i32", "k1": "i32", "start": "i32", "factor": "fp32"},
+    "_restore_kernel": {"theta_ptr": "*fp32", "table_ptr": "*fp32", "n": "i32", "k0": "i32", "k1": "i32", "factor": "fp32"},
+    "_perturb_masters_kernel": {"live_ptr": "*bf16", "master_ptr": "*fp32", "table_ptr": "*fp32", "n": "i32", "k0": "i32",
+                                "k1": "i32", "factor": "fp32"},
+    "_update_kernel": {"target_ptr": "*fp32", "live_ptr": "*bf16", "flags_ptr": "*i32", "table_ptr": "*fp32",
+                       "keys_ptr": "*i64", "coefs_ptr": "*fp32", "members": "i32", "n": "i32", "scale": "fp32"},
+}
+
+
+def compiled_float_ops() -> dict:
+    """Runs in a subprocess without the interpreter: compiles every float kernel for NVIDIA sm_80 and sm_90
+    (no GPU needed: Triton's LLVM and the ptxas it ships) and counts fused multiply-adds in the PTX and in the
+    SASS (cuobjdump), with evolm's launch settings and, as a control, plain operators with Triton's default
+    fp fusion."""
+    import re
+    import subprocess
+    import tempfile
+
+    import torch
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from evolm.es import noise_triton
+
+    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    out = {}
+    for name, signature in KERNEL_SIGNATURES.items():
+        fn = getattr(noise_triton, name)
+        evolm = (noise_triton._explicit_rounding(torch.device("cuda")), noise_triton.FP_FUSION)  # its CUDA launches
+        variants = {"evolm": evolm, "plain_default_fusion": (False, True)}  # (ASM, enable_fp_fusion)
+        extra = {"WRITE": False} if name == "_update_kernel" else {}
+        for variant, (asm, fusion) in variants.items():
+            for arch in (80, 90):
+                for write in ([True, False] if extra else [None]):
+                    constexprs = {"BLOCK": 1024, "ASM": asm, **({"WRITE": write} if write is not None else {})}
+                    sig = dict(signature, **{k: "constexpr" for k in constexprs})
+                    kernel = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs),
+                                            target=GPUTarget("cuda", arch, 32), options={"enable_fp_fusion": fusion})
+                    ptx = kernel.asm["ptx"]
+                    with tempfile.TemporaryDirectory() as tmp:
+                        cubin = Path(tmp) / "k.cubin"
+                        cubin.write_bytes(kernel.asm["cubin"])
+                        sass = subprocess.run([str(cuobjdump), "-sass", str(cubin)], capture_output=True, text=True).stdout
+                    out[f"{name}/{variant}/sm{arch}/{write}"] = {
+                        "ptx_fma": len(re.findall(r"\bfma\.", ptx)), "ptx_rn": len(re.findall(r"\b(?:mul|add|sub)\.rn\.f32", ptx)),
+                        "sass_ffma": len(re.findall(r"\bFFMA\b", sass)), "sass_fmul": len(re.findall(r"\bFMUL\b", sass)),
+                        "sass_lines": len(sass.splitlines())}
+    return out
+
+
+def _run_checks(function: str, **env) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(SRC), str(Path(__file__).parent)]), **env)
+    code = f"import json, test_counter_triton as t; print('REPORT ' + json.dumps(t.{function}()))"
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-4000:]
     line = [x for x in done.stdout.splitlines() if x.startswith("REPORT ")][-1]
     return json.loads(line[len("REPORT "):])
+
+
+@pytest.fixture(scope="module")
+def report():
+    return _run_checks("interpreter_checks", TRITON_INTERPRET="1", EVOLM_TRITON="interpret")
 
 
 def test_fill_is_the_torch_ops_lookup_for_any_key_start_and_length(report):
@@ -228,6 +293,15 @@ def test_an_overflowing_update_is_refused_and_changes_nothing(report):
         assert not applied and unchanged, key
 
 
+def test_the_benchmark_for_gpu_check_times_both_paths_and_finds_them_identical(report):
+    for dtype in ("torch.float32", "torch.bfloat16"):
+        row = report[f"benchmark_{dtype}"]
+        assert row["identical"] == {"noise": True, "perturbed": True, "updated": True}, row
+        assert row["restored_exact"] == {"torch": True, "triton": True} and row["timed"], row
+    assert report["benchmark_{}".format("torch.float32")]["paths"][1] == "triton"
+    assert report["benchmark_left_env"] == "interpret"  # the environment it found is put back
+
+
 def test_without_triton_or_off_the_cuda_device_evolm_keeps_its_cpu_paths(monkeypatch):
     import torch
 
@@ -238,3 +312,20 @@ def test_without_triton_or_off_the_cuda_device_evolm_keeps_its_cpu_paths(monkeyp
     monkeypatch.setenv("EVOLM_TRITON", "interpret")  # without TRITON_INTERPRET=1 the CPU still keeps its paths
     if os.environ.get("TRITON_INTERPRET") != "1":
         assert counter_triton(torch.zeros(4)) is None
+
+
+def test_compiled_for_nvidia_gpus_no_multiply_add_is_fused():
+    """The kernels as a GPU would run them, compiled here without one: no ``fma`` in the PTX, no ``FFMA`` in
+    the SASS; with plain operators and Triton's default fp fusion the same kernels do contract (the control:
+    the check can see a fused multiply-add)."""
+    try:
+        from triton.backends.nvidia import compiler  # noqa: F401
+    except Exception:
+        pytest.skip("this triton has no NVIDIA backend")
+    counts = _run_checks("compiled_float_ops", TRITON_INTERPRET="0")
+    for key, c in counts.items():
+        assert c["sass_lines"] > 50, key  # the disassembly was read
+        if "/evolm/" in key:
+            assert c["ptx_fma"] == 0 and c["sass_ffma"] == 0 and c["ptx_rn"] > 0 and c["sass_fmul"] > 0, (key, c)
+    controls = [c for key, c in counts.items() if "/plain_default_fusion/" in key]
+    assert all(c["ptx_fma"] > 0 and c["sass_ffma"] > 0 for c in controls), controls

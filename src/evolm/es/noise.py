@@ -34,7 +34,10 @@ Design decisions:
   is built with ``-ffp-contract=off``, so no fused multiply-add), without transcendental functions. So
   the torch ops on CPU, ``evolm.es.fused`` on CPU, any thread count and CUDA (the same torch ops on
   the device; torch's CUDA kernels round ``*`` and ``+`` as IEEE requires and keep subnormals) compute
-  the same bits. The table itself is computed without libm: Wichura's AS241 with a logarithm written in
+  the same bits. On CUDA, when Triton imports, ``evolm.es.noise_triton`` computes the noise (and
+  ParamSet's perturb, restore and update) in one kernel per tensor instead of ~30 torch ops per chunk:
+  uint32 hash, the same lookup, float ops written with explicit round-to-nearest so none is fused
+  (``counter_triton`` chooses it; ``EVOLM_TRITON=0`` keeps the torch ops). The table itself is computed without libm: Wichura's AS241 with a logarithm written in
   ``+ - * /`` and a correctly rounded ``sqrt``, so every IEEE platform gets the same table; its SHA-256
   is pinned here, checked when it is built and recorded in the seed log. Tensors of 2^32 elements or
   more are refused (the element index is one 32-bit word).

@@ -29,9 +29,12 @@ Design decisions:
   instruction with an explicit rounding modifier is never contracted into an FMA by the optimiser
   (and, without ``.ftz``, keeps subnormals, as torch's CUDA kernels do). Under Triton's interpreter
   (``TRITON_INTERPRET=1``, numpy on the CPU, which cannot run inline assembly) the plain operators run,
-  and numpy rounds float32 ``*`` / ``+`` / ``-`` one by one. So the tests prove the kernels' arithmetic
-  on the CPU; that the PTX path gives the same bits on a real GPU is what ``benchmark_counter_noise``
-  checks when one is lent (not yet run: no GPU on this project's machines).
+  and numpy rounds float32 ``*`` / ``+`` / ``-`` one by one. What is checked without a GPU
+  (``tests/test_counter_triton.py``): the interpreter gives the torch ops' bits; and every kernel compiled
+  for sm_80 and sm_90 by Triton's own LLVM and the ptxas it ships has no ``fma`` in its PTX and no
+  ``FFMA`` in its SASS (``cuobjdump``), where the same kernels written with plain operators under Triton's
+  default fusion have one FFMA per multiply-add. Either measure alone removes them. Not yet checked:
+  the bits on a real GPU (``benchmark_counter_noise`` compares them with the torch ops' when one is lent).
 - Chosen only for CUDA tensors when Triton imports (``usable``); ``EVOLM_TRITON=0`` turns it off (the
   torch ops then run, same bits, more launches). ``EVOLM_TRITON=interpret`` together with
   ``TRITON_INTERPRET=1`` lets CPU tensors take this path too, for the tests only: the CPU's own paths
@@ -60,6 +63,8 @@ except Exception:  # not installed, or broken: the torch ops are used
     triton = tl = None
 
 BLOCK = 1024
+FP_FUSION = False
+"""Triton's ``enable_fp_fusion`` for every launch here: off, so ``a * b + c`` is never contracted into an FMA."""
 PERTURB_CHUNK = 1 << 22
 """Elements per perturb launch: its flag and original-value buffers are 5 B per element (20 MB)."""
 
@@ -239,7 +244,7 @@ def counter_fill_triton(out: torch.Tensor, table: torch.Tensor, k0: int, k1: int
         raise ValueError("counter noise addresses elements 0 .. 2^32 - 1 of a tensor; this tensor is larger")
     if n:
         _fill_kernel[_grid(n)](out, table, n, int(k0) & 0xFFFFFFFF, int(k1) & 0xFFFFFFFF, int(start),
-                               BLOCK=BLOCK, enable_fp_fusion=False)
+                               BLOCK=BLOCK, enable_fp_fusion=FP_FUSION)
     return out
 
 
@@ -256,7 +261,7 @@ def counter_perturb_triton(theta: torch.Tensor, table: torch.Tensor, k0: int, k1
     for a in range(0, n, chunk):
         m = min(chunk, n - a)
         _perturb_kernel[_grid(m)](theta[a:a + m], lost, orig, table, m, int(k0) & 0xFFFFFFFF, int(k1) & 0xFFFFFFFF, a,
-                                  _f32(factor), BLOCK=BLOCK, ASM=asm, enable_fp_fusion=False)
+                                  _f32(factor), BLOCK=BLOCK, ASM=asm, enable_fp_fusion=FP_FUSION)
         where = lost[:m].nonzero().view(-1)
         if where.numel():
             wheres.append(where + a)
@@ -272,7 +277,7 @@ def counter_restore_triton(theta: torch.Tensor, table: torch.Tensor, k0: int, k1
     n = theta.numel()
     if n:
         _restore_kernel[_grid(n)](theta, table, n, int(k0) & 0xFFFFFFFF, int(k1) & 0xFFFFFFFF, _f32(factor),
-                                  BLOCK=BLOCK, ASM=_explicit_rounding(theta.device), enable_fp_fusion=False)
+                                  BLOCK=BLOCK, ASM=_explicit_rounding(theta.device), enable_fp_fusion=FP_FUSION)
 
 
 def counter_perturb_masters_triton(live: torch.Tensor, master: torch.Tensor, table: torch.Tensor, k0: int, k1: int,
@@ -282,7 +287,7 @@ def counter_perturb_masters_triton(live: torch.Tensor, master: torch.Tensor, tab
     if n:
         _perturb_masters_kernel[_grid(n)](live, master, table, n, int(k0) & 0xFFFFFFFF, int(k1) & 0xFFFFFFFF,
                                           _f32(factor), BLOCK=BLOCK, ASM=_explicit_rounding(live.device),
-                                          enable_fp_fusion=False)
+                                          enable_fp_fusion=FP_FUSION)
 
 
 def counter_update_triton(target: torch.Tensor, table: torch.Tensor, keys: list[tuple[int, int]], coefficients: list[float],
@@ -302,7 +307,7 @@ def counter_update_triton(target: torch.Tensor, table: torch.Tensor, keys: list[
     grid = _grid(n)
     flags = torch.zeros(1 if write else grid[0], dtype=torch.int32, device=device)
     _update_kernel[grid](target, target if live is None else live, flags, table, key_words, coefs, members, n, _f32(scale),
-                         WRITE=bool(write), BLOCK=BLOCK, ASM=_explicit_rounding(device), enable_fp_fusion=False)
+                         WRITE=bool(write), BLOCK=BLOCK, ASM=_explicit_rounding(device), enable_fp_fusion=FP_FUSION)
     return True if write else not bool(flags.any())
 
 
@@ -310,12 +315,15 @@ def counter_update_triton(target: torch.Tensor, table: torch.Tensor, keys: list[
 
 def benchmark_counter_noise(numel: int = 1 << 26, members: int = 32, device: str = "cuda", repeats: int = 3,
                             dtype: torch.dtype = torch.float32) -> dict:
-    """Seconds per member of counter noise on ``device``, Triton kernels against the torch ops, on one
-    random tensor of ``numel`` elements: ``member_s`` = fill + perturb + restore (the perturb/restore of
-    ``ParamSet``'s in-place float32 path, or the masters path for another ``dtype``), ``update_s`` = one
-    update over ``members`` members; best of ``repeats``. Also whether the two paths gave the same bits
-    (noise, perturbed weights, restored weights, updated weights), which is the check of the inline-PTX
-    rounding on a real GPU. Runs the torch path with ``EVOLM_TRITON=0`` and the Triton path with it unset."""
+    """Counter noise's cost on ``device``, Triton kernels against the torch ops, on one random tensor of
+    ``numel`` elements through ``ParamSet`` (in place for float32, float32 masters for another ``dtype``):
+    ``fill_s`` = ``CounterNoise.values`` of the whole tensor, ``member_s`` = fill + perturb + restore (one
+    member's ES work), ``update_s`` = one update over ``members`` members (and per member); best of
+    ``repeats`` after a first, uncounted round (which compiles the kernels). ``identical``: whether both
+    paths gave the same bits (noise, perturbed weights, updated weights): on a GPU, the check of the
+    inline-PTX rounding. ``restored_exact``: restore gave back the weights bit for bit, per path. The torch
+    path runs with ``EVOLM_TRITON=0``; ``triton`` is None where the kernels cannot run (no triton, a CPU
+    tensor outside the tests' interpreter)."""
     from evolm.es.noise import CounterNoise
     from evolm.es.params import ParamSet
 
@@ -323,55 +331,59 @@ def benchmark_counter_noise(numel: int = 1 << 26, members: int = 32, device: str
         if torch.device(device).type == "cuda":
             torch.cuda.synchronize()
 
+    def same(a, b):
+        return bool(torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)))
+
     torch.manual_seed(0)
-    base = (torch.randn(numel, dtype=torch.float32) * 0.02).to(device)
+    base = (torch.randn(numel, dtype=torch.float32) * 0.02).to(device=device, dtype=dtype)
     noise = CounterNoise(1234, device)
     coefficients = [((-1) ** d) * (0.5 + d / members) for d in range(members)]
-    results, bits = {}, {}
+    results, bits, restored = {}, {}, {}
     saved = os.environ.get("EVOLM_TRITON")
     try:
         for path in ("torch", "triton"):
-            if path == "triton":
-                if not usable(base, noise.table):
-                    results[path] = None
-                    continue
-                os.environ["EVOLM_TRITON"] = saved if saved not in (None, "0") else "1"
-            else:
-                os.environ["EVOLM_TRITON"] = "0"
-            weight = torch.nn.Parameter(base.clone().to(dtype))
-            params = ParamSet.from_tensors(noise, [0], ["w"], [weight.data])
+            os.environ["EVOLM_TRITON"] = "0" if path == "torch" else (saved if saved not in (None, "0") else "1")
+            if path == "triton" and not usable(base.float(), noise.table):
+                results[path] = None
+                continue
+            weight = base.clone()
+            params = ParamSet.from_tensors(noise, [0], ["w"], [weight])
             fill = torch.empty(numel, dtype=torch.float32, device=device)
-            member_s, update_s = [], []
-            for r in range(repeats + 1):  # the first round compiles the kernels and is not counted
+            fill_s, member_s, update_s = [], [], []
+            for r in range(repeats + 1):
                 synchronize()
                 t0 = time.perf_counter()
                 noise.values(noise.keys(r, 0, 0), 0, numel, out=fill)
-                params.perturb(r, 0, 1, 1e-3)
-                perturbed = weight.data.clone() if r == 0 else None
-                params.restore()
                 synchronize()
                 t1 = time.perf_counter()
-                params.apply_update(r, coefficients, 1e-3)
+                params.perturb(r, 0, 1, 1e-3)
+                if r == 0:
+                    perturbed = weight.clone()
+                params.restore()
                 synchronize()
                 t2 = time.perf_counter()
-                if r:
-                    member_s.append(t1 - t0)
-                    update_s.append(t2 - t1)
+                if r == 0:
+                    restored[path] = same(weight, base)
+                params.apply_update(r, coefficients, 1e-3)
+                synchronize()
+                t3 = time.perf_counter()
+                if r == 0:
+                    updated = params.masters[0] if params.masters is not None else weight
+                    bits[path] = {"noise": fill.clone(), "perturbed": perturbed, "updated": updated.clone()}
                 else:
-                    bits[path] = {"noise": fill.clone(), "perturbed": perturbed,
-                                  "updated": (params.masters[0] if params.masters is not None else weight.data).clone()}
-            results[path] = {"member_s": min(member_s), "update_s": min(update_s), "update_s_per_member": min(update_s) / members}
+                    fill_s.append(t1 - t0)
+                    member_s.append(t2 - t0)
+                    update_s.append(t3 - t2)
+            results[path] = {"perturb_path": params.perturb_path, "fill_s": min(fill_s), "member_s": min(member_s),
+                             "update_s": min(update_s), "update_s_per_member": min(update_s) / members}
     finally:
         if saved is None:
             os.environ.pop("EVOLM_TRITON", None)
         else:
             os.environ["EVOLM_TRITON"] = saved
     out = {"numel": numel, "members": members, "device": str(device), "dtype": str(dtype).replace("torch.", ""),
-           "triton_available": triton_available(), **{f"{p}": r for p, r in results.items()}}
+           "repeats": repeats, "triton_available": triton_available(), "restored_exact": restored, **results}
     if results.get("triton"):
-        def same(a, b):
-            return bool(torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)))
-
         out["identical"] = {what: same(bits["torch"][what], bits["triton"][what]) for what in bits["torch"]}
         out["speedup_member"] = results["torch"]["member_s"] / results["triton"]["member_s"]
         out["speedup_update"] = results["torch"]["update_s"] / results["triton"]["update_s"]

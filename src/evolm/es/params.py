@@ -30,11 +30,14 @@ Design decisions:
   a run's seed log from the base model reproduces its weights bit for bit on the same software stack.
 - Counter noise (``evolm.es.noise.CounterNoise``) is never materialised: perturb, restore and update
   compute it chunk by chunk where the weights are (``noise.values``), and on CPU the kernel computes
-  it inside its loops (``counter_perturb``, ``counter_restore``, ``counter_update``). Its update rounds
+  it inside its loops (``counter_perturb``, ``counter_restore``, ``counter_update``); on CUDA, when Triton
+  imports, ``evolm.es.noise_triton``'s kernels do the same arithmetic in one launch per tensor (per
+  2^22-element chunk for the perturb), the torch ops otherwise (``EVOLM_TRITON=0``). Its update rounds
   every operation on its own, ``acc += round(c_d * eps_d)`` from 0 in direction order, then
   ``theta + round(scale * acc)`` (the table and stream paths keep their ``add(alpha=)`` arithmetic, so
   their old seed logs replay unchanged), so a counter run's members and updates are bit-identical
-  on the kernel, the torch ops, any thread count, any chunk size and (by construction) CUDA.
+  on the kernel, the torch ops, the Triton kernels (tested under Triton's interpreter), any thread count,
+  any chunk size and (by construction) CUDA.
 - No update writes a non-finite value into the weights. A bound proves most updates safe before any
   write (``max |theta| + |scale| * sum_d |c_d| * max |eps|`` at most half the largest finite value of
   the weights' dtype and of float32); when it cannot, a first pass computes every new value without
