@@ -7,8 +7,10 @@ imported, so the checks run in one fresh subprocess (``EVOLM_TRITON=interpret`` 
 Triton path there) and report what they found as JSON; each test below reads its part. Tensors are small
 (the interpreter runs every kernel instance in numpy), chunks shrunk so several are crossed. The compiled
 CPU kernel is compared too when it is already built for this environment (building it takes a minute).
-What this cannot show: that the inline-PTX rounding on a real GPU gives the same bits
-(``noise_triton.benchmark_counter_noise`` checks that where a GPU is lent).
+The interpreter cannot run the inline PTX that CUDA runs, so the kernels are also compiled here for
+sm_80/sm_90 (Triton's LLVM and bundled ptxas, no GPU needed) and their PTX and SASS searched for fused
+multiply-adds. What this cannot show: the bits on a real GPU (``noise_triton.benchmark_counter_noise``
+compares them with the torch ops' where a GPU is lent).
 """
 
 from __future__ import annotations

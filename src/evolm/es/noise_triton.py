@@ -25,9 +25,9 @@ Design decisions:
   into an FMA by default (``enable_fp_fusion``, default on unless ``TRITON_DEFAULT_FP_FUSION=0``; it
   also passes ``--fmad=false`` to ptxas when off). Every launch here passes ``enable_fp_fusion=False``,
   and on CUDA (not ROCm) every float multiply, add and subtract is written as inline PTX with an
-  explicit rounding modifier (``mul.rn.f32``, ``add.rn.f32``, ``sub.rn.f32``): PTX promises that an
-  instruction with an explicit rounding modifier is never contracted into an FMA by the optimiser
-  (and, without ``.ftz``, keeps subnormals, as torch's CUDA kernels do). Under Triton's interpreter
+  explicit rounding modifier (``mul.rn.f32``, ``add.rn.f32``, ``sub.rn.f32``): the PTX ISA lets the
+  optimiser (ptxas) fuse only mul/add *without* a rounding modifier into an FMA and treats those with one
+  conservatively (and, without ``.ftz``, they keep subnormals, as torch's CUDA kernels do). Under Triton's interpreter
   (``TRITON_INTERPRET=1``, numpy on the CPU, which cannot run inline assembly) the plain operators run,
   and numpy rounds float32 ``*`` / ``+`` / ``-`` one by one. What is checked without a GPU
   (``tests/test_counter_triton.py``): the interpreter gives the torch ops' bits; and every kernel compiled
