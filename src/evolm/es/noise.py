@@ -34,7 +34,10 @@ Design decisions:
   is built with ``-ffp-contract=off``, so no fused multiply-add), without transcendental functions. So
   the torch ops on CPU, ``evolm.es.fused`` on CPU, any thread count and CUDA (the same torch ops on
   the device; torch's CUDA kernels round ``*`` and ``+`` as IEEE requires and keep subnormals) compute
-  the same bits. The table itself is computed without libm: Wichura's AS241 with a logarithm written in
+  the same bits. On CUDA, when Triton imports, ``evolm.es.noise_triton`` computes the noise (and
+  ParamSet's perturb, restore and update) in one kernel per tensor instead of ~30 torch ops per chunk:
+  uint32 hash, the same lookup, float ops written with explicit round-to-nearest so none is fused
+  (``counter_triton`` chooses it; ``EVOLM_TRITON=0`` keeps the torch ops). The table itself is computed without libm: Wichura's AS241 with a logarithm written in
   ``+ - * /`` and a correctly rounded ``sqrt``, so every IEEE platform gets the same table; its SHA-256
   is pinned here, checked when it is built and recorded in the seed log. Tensors of 2^32 elements or
   more are refused (the element index is one 32-bit word).
@@ -74,6 +77,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 from abc import ABC, abstractmethod
 from functools import lru_cache
 
@@ -376,11 +380,15 @@ class CounterNoise(NoiseSource):
     def values(self, keys: tuple[int, int], start: int, count: int, out: torch.Tensor | None = None,
                kernel: bool = True) -> torch.Tensor:
         """Noise of elements ``start .. start + count - 1`` of the tensor with ``keys`` (float32, on the
-        source's device; into ``out`` when given): the compiled kernel on the CPU when it is built
-        (``kernel=False``: always the torch ops; the same bits either way)."""
+        source's device; into ``out`` when given): the compiled kernel on the CPU when it is built, the
+        Triton kernel on CUDA when Triton imports (``counter_triton``) (``kernel=False``: always the torch
+        ops; the same bits every way)."""
         out = torch.empty(count, dtype=torch.float32, device=self.device) if out is None else out[:count]
         if start < 0 or start + count > 1 << 32:
             raise ValueError("counter noise addresses elements 0 .. 2^32 - 1 of a tensor; this tensor is larger")
+        triton_kernels = counter_triton(out, self.table) if kernel else None
+        if triton_kernels is not None:
+            return triton_kernels.counter_fill_triton(out, self.table, keys[0], keys[1], start)
         kern = _counter_kernel() if kernel and self.device.type == "cpu" else None
         if kern is not None:
             kern.counter_fill(out, self.table, keys[0], keys[1], start)
@@ -414,6 +422,20 @@ def _counter_kernel():
     from evolm.es import fused
 
     return fused.kernel()
+
+
+def counter_triton(*tensors: torch.Tensor):
+    """``evolm.es.noise_triton`` when these tensors (weights, masters, the table, an output buffer) can take
+    its Triton kernels (CUDA and Triton importable, ``EVOLM_TRITON`` not 0), else None. CPU tensors never
+    do (their paths are the compiled kernel and the torch ops, and triton is not even imported), except
+    under the tests' ``EVOLM_TRITON=interpret`` with ``TRITON_INTERPRET=1``."""
+    if tensors[0].device.type == "cpu" and os.environ.get("EVOLM_TRITON") != "interpret":
+        return None
+    if os.environ.get("EVOLM_TRITON") == "0":
+        return None
+    from evolm.es import noise_triton
+
+    return noise_triton if noise_triton.usable(*tensors) else None
 
 
 def counter_from_header(described: dict, device="cpu") -> CounterNoise:

@@ -30,11 +30,14 @@ Design decisions:
   a run's seed log from the base model reproduces its weights bit for bit on the same software stack.
 - Counter noise (``evolm.es.noise.CounterNoise``) is never materialised: perturb, restore and update
   compute it chunk by chunk where the weights are (``noise.values``), and on CPU the kernel computes
-  it inside its loops (``counter_perturb``, ``counter_restore``, ``counter_update``). Its update rounds
+  it inside its loops (``counter_perturb``, ``counter_restore``, ``counter_update``); on CUDA, when Triton
+  imports, ``evolm.es.noise_triton``'s kernels do the same arithmetic in one launch per tensor (per
+  2^22-element chunk for the perturb), the torch ops otherwise (``EVOLM_TRITON=0``). Its update rounds
   every operation on its own, ``acc += round(c_d * eps_d)`` from 0 in direction order, then
   ``theta + round(scale * acc)`` (the table and stream paths keep their ``add(alpha=)`` arithmetic, so
   their old seed logs replay unchanged), so a counter run's members and updates are bit-identical
-  on the kernel, the torch ops, any thread count, any chunk size and (by construction) CUDA.
+  on the kernel, the torch ops, the Triton kernels (tested under Triton's interpreter), any thread count,
+  any chunk size and (by construction) CUDA.
 - No update writes a non-finite value into the weights. A bound proves most updates safe before any
   write (``max |theta| + |scale| * sum_d |c_d| * max |eps|`` at most half the largest finite value of
   the weights' dtype and of float32); when it cannot, a first pass computes every new value without
@@ -53,7 +56,7 @@ import torch
 from evolm.categories import param_category
 from evolm.errors import ConfigError
 from evolm.es import fused
-from evolm.es.noise import CounterNoise, NoiseSource
+from evolm.es.noise import CounterNoise, NoiseSource, counter_triton
 
 CHUNK = 1 << 20
 PERTURB_ARITHMETIC = "product-rounded-then-add"
@@ -161,11 +164,14 @@ class ParamSet:
 
     @property
     def perturb_path(self) -> str:
-        """Which code perturbs: ``masters`` (lower-precision model), ``kernel`` (evolm.es.fused) or ``torch``.
-        Asking builds the kernel if it is not built yet (a one-off cost kept out of timed loops)."""
+        """Which code perturbs: ``masters`` (lower-precision model), ``kernel`` (evolm.es.fused), ``triton``
+        (counter noise on CUDA, evolm.es.noise_triton) or ``torch``. Asking builds the kernel if it is not
+        built yet (a one-off cost kept out of timed loops)."""
         if self.keeps_masters:
             return "masters"
         t = self.tensors[0]
+        if isinstance(self.noise, CounterNoise) and counter_triton(t, self.noise.table) is not None:
+            return "triton"
         return "kernel" if fused.usable(t, t) and fused.kernel() is not None else "torch"
 
     def _eps(self, k: int, iteration: int, direction: int) -> torch.Tensor:
@@ -180,13 +186,23 @@ class ParamSet:
         self._arithmetic_here()
         factor = float(sign) * float(sigma)
         self._corrections = []
-        used_kernel = []
+        paths = []
         for k, live in enumerate(self.tensors):
             flat = live.view(-1)
+            triton_kernels = None
             if isinstance(self.noise, CounterNoise):  # noise computed here, chunk by chunk (never materialised)
                 keys = self.noise.keys(iteration, direction, self.indices[k])
                 eps = None
-                kern = fused.kernel() if self.masters is None and fused.usable_counter(live, self.noise.table) else None
+                if self.masters is not None:
+                    triton_kernels = counter_triton(live, self.masters[k], self.noise.table)
+                    if triton_kernels is not None:  # cast(master + d) in one launch
+                        triton_kernels.counter_perturb_masters_triton(flat, self.masters[k].view(-1), self.noise.table,
+                                                                      keys[0], keys[1], factor)
+                        continue
+                    kern = None
+                else:
+                    triton_kernels = counter_triton(live, self.noise.table)
+                    kern = fused.kernel() if triton_kernels is None and fused.usable_counter(live, self.noise.table) else None
             else:
                 eps = self._eps(k, iteration, direction)
                 if self.masters is not None:  # cast(master + d), product rounded then added, chunk by chunk
@@ -206,7 +222,12 @@ class ParamSet:
                     torch.mul(self.noise.values(keys, a, m, out=e), factor, out=d[:m])
                     flat[a:a + m].copy_(master[a:a + m] + d[:m])
                 continue
-            used_kernel.append(kern is not None)
+            paths.append("kernel" if kern is not None else "triton" if triton_kernels is not None else "torch")
+            if triton_kernels is not None:  # one launch per chunk: add, predict restore, record, write
+                where, values = triton_kernels.counter_perturb_triton(flat, self.noise.table, keys[0], keys[1], factor)
+                if where.numel():
+                    self._corrections.append((k, where, values))
+                continue
             if kern is not None:  # one pass: add, predict restore, record, write (evolm.es.fused)
                 if eps is None:
                     where, values = kern.counter_perturb(flat, self.noise.table, keys[0], keys[1], factor)
@@ -228,7 +249,7 @@ class ParamSet:
                     self._corrections.append((k, where + a, theta[where].clone()))
                 theta.copy_(new[:m])
         self._perturbed = (iteration, direction, sign, sigma)
-        self._used_kernel = used_kernel
+        self._paths = paths
 
     @torch.no_grad()
     def restore(self) -> None:
@@ -245,7 +266,12 @@ class ParamSet:
             flat = live.view(-1)
             keys = self.noise.keys(iteration, direction, self.indices[k]) if counter else None
             eps = None if counter else self._eps(k, iteration, direction)
-            if self._used_kernel[k]:  # the same arithmetic the perturb predicted
+            if self._paths[k] == "triton":  # the same arithmetic the perturb predicted
+                from evolm.es import noise_triton
+
+                noise_triton.counter_restore_triton(flat, self.noise.table, keys[0], keys[1], factor)
+                continue
+            if self._paths[k] == "kernel":  # the same arithmetic the perturb predicted
                 if counter:
                     fused.kernel().counter_restore(flat, self.noise.table, keys[0], keys[1], factor)
                 else:
@@ -362,8 +388,15 @@ class ParamSet:
             target = (self.masters[k] if self.masters is not None else live).view(-1)
             keys = [noise.keys(iteration, d, self.indices[k]) for d, _ in active]
             exact_check = write or self.masters is None  # the kernel checks float32 finiteness only
-            kern = fused.kernel() if exact_check and fused.usable_counter(target, noise.table) else None
-            if kern is not None:
+            triton_kernels = counter_triton(target, noise.table, *([] if self.masters is None else [live]))
+            kern = None
+            if triton_kernels is None and exact_check and fused.usable_counter(target, noise.table):
+                kern = fused.kernel()
+            if triton_kernels is not None:  # one launch per tensor (float32 and the model's dtype checked)
+                if not triton_kernels.counter_update_triton(target, noise.table, keys, [c for _, c in active], scale,
+                                                            write, live=None if self.masters is None else live):
+                    return False
+            elif kern is not None:
                 ok = kern.counter_update(target, noise.table, torch.tensor(keys, dtype=torch.int64).view(-1, 2),
                                          torch.tensor([c for _, c in active], dtype=torch.float64), scale, write)
                 if not ok:
