@@ -464,7 +464,7 @@ def check_noise_speed(args, model, device: str) -> dict:
     n = args.noise_population
     coefficients = [((-1) ** d) * (1 + d) / n for d in range(n)]
     rows = {}
-    variants = [("counter", "torch", "0"), ("counter", "triton", "1"), ("table", "torch", "0")]
+    variants = [("counter", "torch", "0"), ("counter", "triton", "1"), ("table", "torch", "0")]  # EVOLM_TRITON per path
     triton_ok = _triton_here(device)
     for noise, path, triton in variants:
         if path == "triton" and not triton_ok:
@@ -496,6 +496,13 @@ def check_noise_speed(args, model, device: str) -> dict:
         if device.startswith("cuda"):
             torch.cuda.empty_cache()
     os.environ.pop("EVOLM_TRITON", None)
+    if triton_ok:  # one 2^26-element tensor, Triton against torch ops bit for bit (noise, perturbed, updated)
+        try:
+            from evolm.es.noise_triton import benchmark_counter_noise
+
+            rows["triton_benchmark"] = benchmark_counter_noise(numel=1 << 26, members=n, device=device, repeats=3)
+        except Exception as e:  # a compile error of the inline PTX is a finding, not a crash of the whole check
+            rows["triton_benchmark"] = {"error": f"{type(e).__name__}: {e}"[:2000]}
     if "digest" in rows.get("counter_triton", {}):
         rows["triton_equals_torch_ops"] = rows["counter_triton"]["digest"] == rows["counter_torch"]["digest"]
     return {"population": n, "dtype": args.dtype, "rows": rows}
