@@ -69,7 +69,7 @@ from evolm.es import engine as es_engine
 from evolm.es import ray_population
 from evolm.heldout import check_measurements, heldout_eval, make_probe, probe_record
 from evolm.plots import plot_training
-from evolm.plugins import check_recorded
+from evolm.plugins import check_recorded, refuse_run_on_import
 from evolm.runs import (RunDir, TrainResult, atomic_write_text, budget_reached, peak_rss_mb, save_model_dir, this_process,
                         writer_alive)
 from evolm.state import lower_precision, model_fingerprint
@@ -281,6 +281,7 @@ def open_run(cfg, kind: str, *, resume: RunDir | str | Path | None = None, run_d
     ``model`` (a new run): the model training starts from; its fingerprint goes into ``run.json``
     (``base_record``), and a lower-precision model's weights into ``<run>/base/``. ``injected``: the
     caller built the model (its weights need not be ``model.spec``'s)."""
+    refuse_run_on_import()  # a user's script training at module level, imported by evolm to find its reward
     toml = config_mod.to_toml(cfg)
     resolved = config_mod.to_dict(cfg)
     trackers.check(cfg.run.report_to)  # a missing tracker package fails before any file changes

@@ -22,12 +22,16 @@ Design decisions:
   (``evolm_user_<stem>_<hash>``), so two files with the same stem never collide and re-resolving is
   free.
 - ``provenance(obj, ref)`` says where an object came from: the reference, the module, its file, the
-  distribution that installed it and that distribution's version, and for a file its SHA-256. A run
+  distribution that installed it and that distribution's version, and for a file (the running
+  ``__main__`` script included) its SHA-256. A run
   records this in ``run.json`` (``plugins``), so a later verb that cannot import the code can say
   which package or file it needs (``check_recorded``).
 - Every failure is a one-line ``UserError`` naming the fix: a module that does not import (with its
   own first error line), a missing attribute (with the ones present), an entry point whose target is
   broken.
+- A script that trains at module level (no ``if __name__ == "__main__":``) would train again each time
+  evolm imports it to find its reward, recursively: while evolm imports a file or module, the entry of
+  every run (``refuse_run_on_import``, called by the trainers and ``jobs``) refuses in one line.
 """
 
 from __future__ import annotations
@@ -48,6 +52,22 @@ REWARD_GROUP = "evolm.rewards"
 """Entry-point group of reward functions (and correctness functions)."""
 
 _FILE_MODULES: dict[str, Any] = {}
+_IMPORTING: list[str] = []
+"""The files and modules evolm is importing right now (innermost last): a run started while one is imported
+is a script's unguarded training call (``refuse_run_on_import``)."""
+
+
+class StartedOnImport(UserError):
+    """A user's file started a run while evolm imported it to find a reward or task by its reference."""
+
+
+def refuse_run_on_import() -> None:
+    """Called where a run starts (the trainers, the job entry points): refuse a run that a user's script starts
+    at module level while evolm imports that script to find its reward (``replay``, ``eval --like``, a resume,
+    a Ray actor), which would train again inside the import, recursively."""
+    if _IMPORTING:
+        raise StartedOnImport(f"{_IMPORTING[-1]} starts a run when imported (evolm imports it to find a function it "
+                              "defines); put the training call under if __name__ == \"__main__\":")
 
 
 def is_reference(text: str) -> bool:
@@ -77,11 +97,17 @@ def _import_file(path: Path) -> Any:
         raise UserError(f"cannot import {path} as a Python file")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
+    _IMPORTING.append(str(path))
     try:
         spec.loader.exec_module(module)
+    except StartedOnImport:
+        sys.modules.pop(name, None)
+        raise
     except Exception as e:  # noqa: BLE001  (the user's module may raise anything)
         sys.modules.pop(name, None)
         raise UserError(f"{path} does not import: {_first_line(e)}; fix the file and run again") from None
+    finally:
+        _IMPORTING.pop()
     _by_value(module)
     _FILE_MODULES[key] = module
     return module
@@ -103,8 +129,11 @@ def _by_value(module: Any) -> None:
 
 
 def _import_module(name: str) -> Any:
+    _IMPORTING.append(f"module '{name}'")
     try:
         return importlib.import_module(name)
+    except StartedOnImport:
+        raise
     except ModuleNotFoundError as e:
         if e.name and (name == e.name or name.startswith(e.name + ".")):
             raise UserError(f"module '{name}' is not installed here (no module named '{e.name}'): install the package "
@@ -112,6 +141,8 @@ def _import_module(name: str) -> Any:
         raise UserError(f"module '{name}' does not import: {_first_line(e)}") from None
     except Exception as e:  # noqa: BLE001
         raise UserError(f"module '{name}' does not import: {_first_line(e)}") from None
+    finally:
+        _IMPORTING.pop()
 
 
 def resolve(ref: str, group: str, what: str = "object") -> Any:
@@ -188,7 +219,7 @@ def provenance(obj: Any, ref: str) -> dict:
     out: dict[str, Any] = {"ref": ref, "module": module_name}
     if file:
         out["file"] = str(file)
-    if module_name.startswith("evolm_user_") and file:
+    if (module_name.startswith("evolm_user_") or module_name == "__main__") and file:  # a file, the running script too
         out["sha256"] = hashlib.sha256(Path(file).read_bytes()).hexdigest()
     else:
         dist, version = _distribution_of(module_name)
@@ -219,6 +250,8 @@ def check_recorded(plugins: dict | None, where: str) -> None:
         group = TASK_GROUP if record is plugins.get("task") else REWARD_GROUP
         try:
             resolve(record["ref"], group)
+        except StartedOnImport:
+            raise
         except UserError as e:
             fix = (f"pip install {record['distribution']}=={record.get('version')}" if record.get("distribution")
                    else f"restore {record.get('file')}" if record.get("file") else "make it importable")

@@ -36,7 +36,7 @@ from typing import Any, Callable, Sequence
 
 from evolm import config as config_mod
 from evolm.errors import UserError
-from evolm.plugins import reference_of
+from evolm.plugins import reference_of, refuse_run_on_import
 
 DATA_DIR = ".datasets"
 MODEL_DIR = ".models"
@@ -228,6 +228,7 @@ class _Trainer:
         or a list of dicts (the ``dataset`` task); or ``task`` (a built-in task, entry point or reference)
         with ``task_params``. ``correct_func``: the correctness function pass@k counts (same signature,
         booleans)."""
+        refuse_run_on_import()  # a script's unguarded training call, reached again by evolm importing the script
         self.args = args if args is not None else self.config_class()
         if not isinstance(self.args, self.config_class):
             raise UserError(f"{type(self).__name__} takes args={self.config_class.__name__}(...) "
@@ -276,6 +277,7 @@ class _Trainer:
         from evolm.registry import job_kind
         from evolm.runs import RunDir
 
+        refuse_run_on_import()
         target = self.run_dir if resume else None
         if resume and not (self.run_dir / "run.json").exists():
             raise UserError(f"nothing to resume at {self.run_dir}; call train() without resume to start it")
