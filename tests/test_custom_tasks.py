@@ -148,12 +148,68 @@ def test_a_broken_reward_is_a_one_line_reward_error(name, message, rewards_py):
         rf.rewards(["p", "q"], ["a", "b"], {})
 
 
+def test_a_reward_gets_the_prompt_as_the_data_gives_it_like_trl(rewards_py, tmp_path, tokenizer):
+    """issue 44.4: evolm passed the chat-rendered prompt where TRL passes the dataset's own prompt (text, or
+    the list of messages of a conversational row)."""
+    chat = [{"prompt": [{"role": "user", "content": f"Say {w}"}], "answer": w} for w in ("yes", "no", "maybe", "ok")]
+    task = make_task("dataset", [f"{rewards_py}:seen"], path=str(_write(tmp_path, "jsonl", chat)), test_fraction=0.25,
+                     system_prompt="Be brief.")
+    ex = task.examples("train", 1)[0]
+    task.score([ex], ["yes"], [task.render_prompt(ex, tokenizer)])
+    seen = task.user_rewards.functions[0].__globals__["SEEN"]
+    assert seen["prompts"] == [[{"role": "user", "content": ex.question}]]  # TRL's prompts: the row's messages
+    text = [{"prompt": f"Say {w}", "answer": w} for w in ("yes", "no", "maybe", "ok")]
+    task = make_task("dataset", [f"{rewards_py}:seen"], path=str(_write(tmp_path, "csv", text)), test_fraction=0.25)
+    ex = task.examples("train", 1)[0]
+    task.judge([ex], ["yes"], [task.render_prompt(ex, tokenizer)])
+    task.score([ex], ["yes"], [task.render_prompt(ex, tokenizer)])
+    assert task.user_rewards.functions[0].__globals__["SEEN"]["prompts"] == [ex.question]
+    assert "<|im_start|>" not in ex.question
+
+
+def test_a_partial_reward_is_recorded_with_its_arguments_and_rebuilt(tmp_path):
+    """issue 44.4: functools.partial(fn, ...) was refused as 'a lambda or defined inside a function'."""
+    import functools
+
+    from evolm.plugins import REWARD_GROUP, provenance, reference_of, resolve
+
+    path = write_module(tmp_path / "scaled.py", "def scaled(prompts, completions, scale=1.0, bonus=0, **columns):\n"
+                                                "    return [scale * len(c) + bonus for c in completions]\n")
+    from evolm.plugins import _import_file
+
+    module = _import_file(path.resolve())
+    part = functools.partial(module.scaled, scale=0.5, bonus=1)
+    ref = reference_of(part, "reward function")
+    assert ref == f"{path.resolve()}:scaled(scale=0.5, bonus=1)"
+    again = resolve(ref, REWARD_GROUP)
+    assert again(prompts=["p"], completions=["abcd"]) == [3.0]
+    rf = RewardFunctions([ref])
+    assert rf.rewards(["p"], ["ab"], {}) == [2.0]
+    record = provenance(again, ref)
+    assert record["ref"] == ref and record["module"].startswith("evolm_user_scaled") and len(record["sha256"]) == 64
+    job = config.from_dict(config.ESJob, {}, [f"task.reward=[{json.dumps(ref)}]"])  # a config takes the same form
+    assert job.task.reward == [ref]
+    with pytest.raises(UserError, match=r"argument .* of partial .* is not a literal"):
+        reference_of(functools.partial(module.scaled, scale=object()), "reward function")
+
+
+def test_a_reward_requiring_an_argument_only_trl_passes_is_one_line(tmp_path):
+    path = write_module(tmp_path / "trl_only.py", "def needs_ids(prompts, completions, completion_ids, **kw):\n"
+                                                  "    return [0.0] * len(completions)\n"
+                                                  "def defaulted(prompts, completions, completion_ids=None, trainer_state=None, **kw):\n"
+                                                  "    return [1.0] * len(completions)\n")
+    with pytest.raises(ConfigError, match=r"needs_ids' requires completion_ids, which TRL's GRPOTrainer passes and "
+                                          r"evolm does not .*completion_ids=None"):
+        RewardFunctions([f"{path}:needs_ids"])
+    assert RewardFunctions([f"{path}:defaulted"]).rewards(["p"], ["a"], {}) == [1.0]
+
+
 def test_a_builtin_task_hands_its_answer_and_fields_to_the_reward(rewards_py):
     task = make_task("countdown", [f"{rewards_py}:seen"])
     examples = task.examples("train", 2, seed=3)
-    task.score(examples, ["x", "y"], ["P0", "P1"])
+    task.score(examples, ["x", "y"], ["P0", "P1"])  # P0, P1: what the model saw (rendered); not the reward's
     seen = task.user_rewards.functions[0].__globals__["SEEN"]
-    assert seen["prompts"] == ["P0", "P1"] and seen["completions"] == ["x", "y"]
+    assert seen["prompts"] == [ex.question for ex in examples] and seen["completions"] == ["x", "y"]  # raw, as TRL
     assert seen["answer"] == [ex.answer for ex in examples]
     assert set(examples[0].meta) <= set(seen)  # every field of the example travels by name
     # its own checker still judges correctness (pass@k) unless a correctness function is given

@@ -188,3 +188,25 @@ def test_a_script_that_trains_when_imported_is_refused_in_one_line_by_replay(tin
     lines = [x for x in replay.stderr.splitlines() if x.strip()]
     assert len(lines) == 1 and 'put the training call under if __name__ == "__main__":' in lines[0], lines[:5]
     assert "train_mine.py" in lines[0] and "trained" not in replay.stdout
+
+
+def test_trl_field_names_in_the_configs_are_aliases_or_one_line(tmp_path):
+    """issue 44.4: GRPOConfig(max_completion_length=...) / (per_device_train_batch_size=...) were raw TypeErrors."""
+    assert GRPOConfig(max_completion_length=12).max_new_tokens == 12  # TRL's name for the same knob
+    assert ESConfig(max_completion_length=12).max_new_tokens == 12
+    with pytest.raises(UserError, match=r"per_device_train_batch_size is TRL's.*set prompts_per_step"):
+        GRPOConfig(per_device_train_batch_size=8)
+    with pytest.raises(UserError, match=r"both max_completion_length .* and max_new_tokens"):
+        GRPOConfig(max_completion_length=12, max_new_tokens=8)
+    with pytest.raises(UserError, match=r"GRPOConfig has no field 'num_iteration' \(did you mean 'max_steps'|num_generations"):
+        GRPOConfig(num_iteration=3)
+
+
+def test_an_es_config_given_to_grpo_is_one_line():
+    from evolm import config
+    from evolm.grpo import GRPOJob
+
+    with pytest.raises(UserError, match=r"\[es\] is a section of an ES config \(evolm es\); evolm grpo reads \[grpo\]"):
+        config.load(GRPOJob, REPO / "configs" / "es-arithmetic.toml")
+    with pytest.raises(UserError, match=r"\[grpo\] is a section of a GRPO config \(evolm grpo\); evolm es reads \[es\]"):
+        config.load(config.ESJob, REPO / "configs" / "grpo-arithmetic.toml")

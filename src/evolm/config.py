@@ -541,10 +541,20 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
     raise ConfigError(f"{path}: unsupported type {_type_name(tp)}")
 
 
+JOB_SECTIONS = {"es": ("an ES config", "evolm es"), "distributed": ("an ES config", "evolm es"),
+                "grpo": ("a GRPO config", "evolm grpo"), "pipeline": ("a pipeline config", "evolm pipeline")}
+"""A job's own top-level sections, so a config given to another verb is named as what it is."""
+_JOB_VERBS = {"ESJob": ("evolm es", "es"), "GRPOJob": ("evolm grpo", "grpo"), "PipelineJob": ("evolm pipeline", "pipeline")}
+
+
 def _build(cls, data: dict, prefix: str = ""):
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
     for key in data:
+        if key not in names and not prefix and key in JOB_SECTIONS and cls.__name__ in _JOB_VERBS:
+            (what, verb), (this, own) = JOB_SECTIONS[key], _JOB_VERBS[cls.__name__]
+            raise ConfigError(f"[{key}] is a section of {what} ({verb}); {this} reads [{own}]: give this config to "
+                              f"{verb}, or start from `evolm config {own}`")
         if key not in names:
             where = f"{prefix}.{key}" if prefix else key
             close = difflib.get_close_matches(key, names, n=1)

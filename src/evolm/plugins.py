@@ -9,7 +9,9 @@ A *reference* names one Python object in one of three forms, tried in this order
       my_accuracy = "my_package.rewards:accuracy"
 
 - ``package.module:attribute`` (an importable module), e.g. ``"my_package.rewards:accuracy"``;
-- ``path/to/file.py:attribute`` (a file, relative to the working directory or absolute).
+- ``path/to/file.py:attribute`` (a file, relative to the working directory or absolute);
+- either of the last two with literal arguments, ``module:function(0.5, scale=2)``: a
+  ``functools.partial`` of the function (``reference_of`` writes a partial this way).
 
 Design decisions:
 
@@ -36,10 +38,13 @@ Design decisions:
 
 from __future__ import annotations
 
+import ast
+import functools
 import hashlib
 import importlib
 import importlib.metadata
 import importlib.util
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -70,10 +75,39 @@ def refuse_run_on_import() -> None:
                               "defines); put the training call under if __name__ == \"__main__\":")
 
 
+_CALL = re.compile(r"^(?P<target>.+?):(?P<attr>[A-Za-z_][\w.]*)\((?P<args>.*)\)$", re.DOTALL)
+"""``target:attr(args)``: a ``functools.partial`` of ``target:attr`` with literal arguments."""
+
+
+def _split(ref: str) -> tuple[str, str, str | None]:
+    """``(target, attr, args)`` of a reference; ``args`` is None without a call."""
+    call = _CALL.match(ref)
+    if call:
+        return call["target"], call["attr"], call["args"]
+    target, _, attr = ref.rpartition(":")
+    return target, attr, None
+
+
 def is_reference(text: str) -> bool:
-    """Whether ``text`` is written as ``module:attr`` or ``file.py:attr`` (entry-point names are bare words)."""
-    module, sep, attr = str(text).rpartition(":")
-    return bool(sep and module and attr and attr.replace("_", "a").replace(".", "a").isalnum())
+    """Whether ``text`` is written as ``module:attr`` or ``file.py:attr``, optionally with literal arguments
+    ``module:attr(0.5, scale=2)`` (entry-point names are bare words)."""
+    if ":" not in str(text):
+        return False
+    module, attr, _ = _split(str(text))
+    return bool(module and attr and attr.replace("_", "a").replace(".", "a").isalnum())
+
+
+def _partial_of(obj: Any, ref: str, args: str) -> Any:
+    """``functools.partial(obj, ...)`` from the literal arguments ``args`` of ``ref``."""
+    try:
+        call = ast.parse(f"f({args})", mode="eval").body
+        assert isinstance(call, ast.Call) and not any(k.arg is None for k in call.keywords)
+        positional = [ast.literal_eval(a) for a in call.args]
+        keywords = {k.arg: ast.literal_eval(k.value) for k in call.keywords}
+    except (SyntaxError, ValueError, TypeError, AssertionError):
+        raise UserError(f"'{ref}': the arguments in parentheses must be Python literals (numbers, strings, lists, "
+                        "dicts), as name=value or positional") from None
+    return functools.partial(obj, *positional, **keywords)
 
 
 def entry_points(group: str) -> dict[str, importlib.metadata.EntryPoint]:
@@ -159,7 +193,7 @@ def resolve(ref: str, group: str, what: str = "object") -> Any:
         names = ", ".join(sorted(installed)) or "none installed"
         raise UserError(f"no {what} called '{ref}': not an entry point of group {group} ({names}); write "
                         f"package.module:NAME or path/to/file.py:NAME")
-    target, _, attr = ref.rpartition(":")
+    target, attr, args = _split(ref)
     if target.endswith(".py"):
         path = Path(target).expanduser().resolve()
         if not path.is_file():
@@ -177,7 +211,7 @@ def resolve(ref: str, group: str, what: str = "object") -> Any:
             present = sorted(n for n in dir(module) if not n.startswith("_"))[:12]
             raise UserError(f"'{target}' has no {what} '{attr}' (it defines {', '.join(present) or 'nothing public'})")
         obj = getattr(obj, part)
-    return obj
+    return obj if args is None else _partial_of(obj, ref, args)
 
 
 def reference_of(obj: Any, what: str = "function") -> str:
@@ -186,6 +220,17 @@ def reference_of(obj: Any, what: str = "function") -> str:
     can find (a lambda, a function defined inside a function)."""
     if isinstance(obj, str):
         return obj
+    if isinstance(obj, functools.partial):  # recorded with its arguments: module:function(0.5, scale=2)
+        shown = [*map(repr, obj.args), *(f"{k}={v!r}" for k, v in obj.keywords.items())]
+        for value, text in zip([*obj.args, *obj.keywords.values()], shown):
+            try:
+                same = ast.literal_eval(repr(value)) == value
+            except (ValueError, SyntaxError, TypeError):
+                same = False
+            if not same:
+                raise UserError(f"argument {text[:60]} of partial {what} {reference_of(obj.func, what)} is not a literal "
+                                "(a number, string, list, dict); pass literals only, so other processes rebuild it")
+        return f"{reference_of(obj.func, what)}({', '.join(shown)})"
     name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None)
     module_name = getattr(obj, "__module__", None)
     if not name or not module_name or "<" in name:
@@ -213,6 +258,8 @@ def _distribution_of(module_name: str) -> tuple[str | None, str | None]:
 
 def provenance(obj: Any, ref: str) -> dict:
     """Where ``obj`` (resolved from ``ref``) came from: reference, module, file, distribution and version, file hash."""
+    while isinstance(obj, functools.partial):  # a partial's code is its function's
+        obj = obj.func
     module_name = getattr(obj, "__module__", None) or ""
     module = sys.modules.get(module_name)
     file = getattr(module, "__file__", None)

@@ -26,6 +26,7 @@ note on stderr.
 from __future__ import annotations
 
 import difflib
+import inspect
 import sys
 from dataclasses import dataclass
 from typing import Callable
@@ -93,6 +94,13 @@ def resolve_reward(name: str, field: str = "task.reward") -> str:
 
 # -- the user's reward functions --------------------------------------------------------------------
 
+TRL_ONLY = ("completion_ids", "trainer_state", "log_extra", "log_metric", "environments")
+"""Keyword arguments TRL 1.16's GRPOTrainer passes to a reward function besides prompts, completions and the
+dataset's columns (``GRPOTrainer._calculate_rewards``), which evolm does not pass: evolm's completions are
+scored as text outside a TRL trainer (ES has no ``TrainerState`` and no completions table). A function that
+requires one is refused when it is loaded; one that defaults it or takes ``**kwargs`` serves both."""
+
+
 class RewardError(UserError):
     """A reward or correctness function broke its contract (raised, wrong length, not a number, NaN)."""
 
@@ -135,10 +143,11 @@ class RewardFunctions:
     """Reward functions in TRL's convention, weighted and summed: the fitness of ES, the reward of GRPO.
 
     Each function is called as ``fn(prompts=[...], completions=[...], **columns) -> list[float | None]``
-    with one entry per completion: ``prompts`` the rendered prompt texts, ``completions`` the decoded
-    completion texts, and every column of the data by name (``answer``, and the example's own fields).
-    That is the signature of TRL's ``reward_funcs`` with a standard (text) dataset, so one function
-    serves both libraries. The total is ``sum_i w_i r_i`` over the functions that gave a number (TRL's
+    with one entry per completion: ``prompts`` the prompts as the data give them (``Task.reward_prompt``:
+    a text prompt, or a conversational row's list of messages, as TRL passes them; not the chat-rendered
+    text), ``completions`` the decoded completion texts, and every column of the data by name (``answer``,
+    and the example's own fields). That is the signature of TRL's ``reward_funcs`` with a standard (text)
+    dataset, so one function serves both libraries; TRL's further keywords (``TRL_ONLY``) are not passed. The total is ``sum_i w_i r_i`` over the functions that gave a number (TRL's
     nansum: ``None`` means "does not apply"; a completion no function scored gets 0).
 
     ``correct`` (same signature, booleans) is the judgement pass@k counts; without it a task uses its
@@ -174,6 +183,17 @@ class RewardFunctions:
     def _callable(obj, ref: str):
         if not callable(obj):
             raise ConfigError(f"'{ref}' is a {type(obj).__name__}, not a function fn(prompts, completions, **columns)")
+        try:
+            params = inspect.signature(obj).parameters.values()
+        except (TypeError, ValueError):  # a builtin or C callable: nothing to read
+            return obj
+        required = [p.name for p in params if p.name in TRL_ONLY and p.default is inspect.Parameter.empty
+                    and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        if required:
+            raise ConfigError(f"reward function '{ref}' requires {', '.join(required)}, which TRL's GRPOTrainer passes and "
+                              "evolm does not (evolm passes prompts, completions and the data columns); give "
+                              f"{'it a default' if len(required) == 1 else 'them defaults'} ({required[0]}=None) or "
+                              "take **kwargs")
         return obj
 
     @property

@@ -229,6 +229,11 @@ class DatasetRows(DatasetTask):
         return out
 
     # -- prompting ----------------------------------------------------------------------------------
+    def reward_prompt(self, example: Example) -> Any:
+        """TRL's ``prompts`` entry: a conversational row's messages as given (no system prompt added), else its text."""
+        given = example.meta.get("_messages")
+        return [dict(m) for m in given] if given is not None else example.question
+
     def messages(self, example: Example) -> list[dict[str, str]]:
         given = example.meta.get("_messages")
         if given is None:
