@@ -292,6 +292,20 @@ def test_dataset_task_bad_input_is_one_line(tmp_path):
         make_task("dataset")
 
 
+def test_a_malformed_jsonl_line_is_named_in_evolms_line_and_datasets_prints_nothing(tmp_path, capfd):
+    """issue 44.5: the error had no line number, and datasets printed 'Generating train split' and its own
+    error log before evolm's line."""
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "a", "answer": "1"}\n{"prompt": "b", "answer": "2"}\nnot json\n{"prompt": "c"}\n')
+    capfd.readouterr()
+    with pytest.raises(UserError, match=r"cannot read .*bad.jsonl: line 3 is not a JSON object \(Expecting value"):
+        make_task("dataset", path=str(bad)).examples("train", 1)
+    good = _write(tmp_path, "csv")
+    make_task("dataset", path=str(good), prompt="question").examples("train", 1)
+    out, err = capfd.readouterr()
+    assert "Generating" not in err + out and "Failed to load" not in err + out, err
+
+
 def test_dataset_task_with_a_reward_counts_the_threshold_as_correct(tmp_path, rewards_py):
     path = _write(tmp_path, "jsonl")
     task = make_task("dataset", [f"{rewards_py}:length"], path=str(path), prompt="question", correct_threshold=3)
