@@ -193,6 +193,16 @@ def test_a_partial_reward_is_recorded_with_its_arguments_and_rebuilt(tmp_path):
         reference_of(functools.partial(module.scaled, scale=object()), "reward function")
 
 
+def test_a_reward_needing_a_missing_column_lists_the_columns_present(tmp_path):
+    """issue 44.5: docs/custom-tasks.md says so; it was a raw 'missing 1 required positional argument'."""
+    path = write_module(tmp_path / "needs.py", "def by_level(prompts, completions, difficulty, **kw):\n"
+                                               "    return [0.0] * len(completions)\n")
+    rf = RewardFunctions([f"{path}:by_level"])
+    with pytest.raises(RewardError, match=r"by_level' needs the column 'difficulty', which the data do not have "
+                                          r"\(columns: answer, level\)"):
+        rf.rewards(["p"], ["a"], {"answer": ["1"], "level": [2]})
+
+
 def test_a_reward_requiring_an_argument_only_trl_passes_is_one_line(tmp_path):
     path = write_module(tmp_path / "trl_only.py", "def needs_ids(prompts, completions, completion_ids, **kw):\n"
                                                   "    return [0.0] * len(completions)\n"

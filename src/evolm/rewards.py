@@ -139,6 +139,16 @@ def _values(fn_name: str, out, n: int, kind: str) -> list:
     return values
 
 
+def _required(fn) -> list[str]:
+    """The parameters ``fn`` cannot be called without (no default, passable by name)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    return [p.name for p in params if p.default is inspect.Parameter.empty
+            and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+
+
 class RewardFunctions:
     """Reward functions in TRL's convention, weighted and summed: the fitness of ES, the reward of GRPO.
 
@@ -183,12 +193,7 @@ class RewardFunctions:
     def _callable(obj, ref: str):
         if not callable(obj):
             raise ConfigError(f"'{ref}' is a {type(obj).__name__}, not a function fn(prompts, completions, **columns)")
-        try:
-            params = inspect.signature(obj).parameters.values()
-        except (TypeError, ValueError):  # a builtin or C callable: nothing to read
-            return obj
-        required = [p.name for p in params if p.name in TRL_ONLY and p.default is inspect.Parameter.empty
-                    and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        required = [name for name in _required(obj) if name in TRL_ONLY]
         if required:
             raise ConfigError(f"reward function '{ref}' requires {', '.join(required)}, which TRL's GRPOTrainer passes and "
                               "evolm does not (evolm passes prompts, completions and the data columns); give "
@@ -208,6 +213,12 @@ class RewardFunctions:
         self.__init__(state["refs"], state["weights"], state["correct"], state["threshold"])
 
     def _call(self, fn, ref: str, prompts: list[str], completions: list[str], columns: dict[str, list], kind: str) -> list:
+        missing = [name for name in _required(fn) if name not in columns and name not in ("prompts", "completions")]
+        if missing:
+            plural = "s" if len(missing) > 1 else ""
+            raise RewardError(f"reward function '{ref}' needs the column{plural} {', '.join(repr(m) for m in missing)}, "
+                              f"which the data do not have (columns: {', '.join(sorted(columns)) or 'none'}); rename a "
+                              "column (task.params), or give the parameter a default")
         try:
             out = fn(prompts=list(prompts), completions=list(completions), **columns)
         except RewardError:
