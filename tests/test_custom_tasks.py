@@ -124,6 +124,13 @@ def test_a_reward_that_cannot_be_found_is_one_line(ref, message, rewards_py, tmp
     assert "\n" not in str(info.value)
 
 
+def test_a_misspelled_plugin_reward_names_the_installed_ones_and_the_closest(plugin_path):
+    """issue 44.5: the error listed only evolm's conventions, not the installed entry points."""
+    with pytest.raises(ConfigError, match=r"installed reward entry points: mostly_vowels, vowel_share.*"
+                                          r"did you mean 'vowel_share'\?"):
+        config.from_dict(config.ESJob, {}, ["task.reward='vowel_shar'"])
+
+
 def test_unknown_task_names_the_three_ways():
     with pytest.raises(ConfigError, match="entry points of group evolm.tasks .* package.module:Class"):
         config.from_dict(config.ESJob, {}, ["task.name='nosuch'"])

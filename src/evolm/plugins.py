@@ -39,6 +39,7 @@ Design decisions:
 from __future__ import annotations
 
 import ast
+import difflib
 import functools
 import hashlib
 import importlib
@@ -191,8 +192,10 @@ def resolve(ref: str, group: str, what: str = "object") -> Any:
                             f"{_first_line(e)}") from None
     if not is_reference(ref):
         names = ", ".join(sorted(installed)) or "none installed"
-        raise UserError(f"no {what} called '{ref}': not an entry point of group {group} ({names}); write "
-                        f"package.module:NAME or path/to/file.py:NAME")
+        close = difflib.get_close_matches(ref, list(installed), n=1)
+        raise UserError(f"no {what} called '{ref}': not an entry point of group {group} ({names}); "
+                        + (f"did you mean '{close[0]}'? or " if close else "")
+                        + "write package.module:NAME or path/to/file.py:NAME")
     target, attr, args = _split(ref)
     if target.endswith(".py"):
         path = Path(target).expanduser().resolve()

@@ -179,11 +179,13 @@ class RewardFunctions:
                               "give one per function (or none: all 1)")
         self.correct_ref = str(correct or "")
         self.threshold = float(threshold)
+        installed = entry_points(REWARD_GROUP)
         for r in self.refs + ((self.correct_ref,) if self.correct_ref else ()):
-            if not is_reference(r) and r not in entry_points(REWARD_GROUP):
-                close = difflib.get_close_matches(r, CONVENTIONS, n=1)
+            if not is_reference(r) and r not in installed:
+                close = difflib.get_close_matches(r, [*installed, *CONVENTIONS], n=1)
                 raise ConfigError(f"task.reward must be one of {list(CONVENTIONS)} or reward functions (an entry point of "
-                                  f"group {REWARD_GROUP}, package.module:function or path/to/file.py:function) (got '{r}')"
+                                  f"group {REWARD_GROUP}, package.module:function or path/to/file.py:function) (got '{r}'; "
+                                  f"installed reward entry points: {', '.join(sorted(installed)) or 'none'})"
                                   + (f"; did you mean '{close[0]}'?" if close else ""))
         self.functions = [self._callable(resolve(r, REWARD_GROUP, "reward function"), r) for r in self.refs]
         self.correct_fn = self._callable(resolve(self.correct_ref, REWARD_GROUP, "correctness function"),
