@@ -558,6 +558,13 @@ def run_grpo(cfg, resume=None, *, model=None, tokenizer=None, task: Task | None 
 
 # -- rebuilding an ES run's weights -------------------------------------------------------------------
 
+def replay_line(run_path, spec: str, step: int, out) -> str:
+    """What ``replay_run`` says it rebuilds: the base model plus updates 1..step (step 0: the base model alone)."""
+    what = ("with no update (step 0, the base model)" if step == 0 else "+ update 1 of the seed log" if step == 1
+            else f"+ updates 1..{step} of the seed log")
+    return f"[evolm] replaying {run_path}: {spec} {what} -> {out}"
+
+
 def replay_run(run_dir, step: int | None = None, out=None, *, device: str | None = None, say: Say = print) -> Path:
     """Write the model an ES run had after ``step`` updates (default: its last logged update) to ``out``
     (default ``RUN_DIR/replay/step_NNNNNN``): the run's base model (``model.spec`` loaded as the run
@@ -584,7 +591,7 @@ def replay_run(run_dir, step: int | None = None, out=None, *, device: str | None
         raise UserError(f"--step {step} is outside the run's logged updates 0..{last} (seed_log.jsonl)")
     out = Path(out) if out else run.path / "replay" / f"step_{step:06d}"
     torch.set_num_threads(cfg.model.threads)
-    say(f"[evolm] replaying {run.path}: {cfg.model.spec} + updates 1..{step} of the seed log -> {out}")
+    say(replay_line(run.path, cfg.model.spec, step, out))
     model, tokenizer = models.load(cfg.model.spec, dtype=cfg.model.dtype, threads=cfg.model.threads,
                                    device=device or cfg.model.device, revision=cfg.model.revision,
                                    trust_remote_code=cfg.model.trust_remote_code)
