@@ -210,3 +210,16 @@ def test_an_es_config_given_to_grpo_is_one_line():
         config.load(GRPOJob, REPO / "configs" / "es-arithmetic.toml")
     with pytest.raises(UserError, match=r"\[grpo\] is a section of a GRPO config \(evolm grpo\); evolm es reads \[es\]"):
         config.load(config.ESJob, REPO / "configs" / "grpo-arithmetic.toml")
+
+
+def test_a_model_saved_under_dot_models_is_readable_by_others(tiny_model, tokenizer, tmp_path):
+    """issue 44.5: runs/.models/ files were created 0600 (safetensors, mkdtemp); now the umask's usual modes."""
+    import stat
+
+    from evolm.runs import _UMASK
+    from evolm.trainer import save_model
+
+    path = save_model(tiny_model, tokenizer, tmp_path)
+    files = [p for p in path.rglob("*") if p.is_file()]
+    assert files and {stat.S_IMODE(p.stat().st_mode) for p in files} == {0o666 & ~_UMASK}
+    assert stat.S_IMODE(path.stat().st_mode) == 0o777 & ~_UMASK

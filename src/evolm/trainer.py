@@ -250,12 +250,11 @@ def save_model(model, tokenizer, root: Path) -> Path:
 
     if tokenizer is None:
         raise UserError("pass the tokenizer as processing_class together with a loaded model")
+    from evolm.runs import save_model_dir
+
     path = root / MODEL_DIR / model_fingerprint(model)[:16]
-    if not (path / "config.json").exists():
-        tmp = path.with_name(path.name + ".tmp")
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        tmp.replace(path)
+    if not (path / "config.json").exists():  # atomic, in the umask's usual modes (safetensors alone writes 0600)
+        save_model_dir(path, model, tokenizer, extra={})
     return path
 
 
