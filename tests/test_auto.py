@@ -83,6 +83,25 @@ def test_cpu_with_two_cores_and_ray_scores_on_ray_actors_at_one_thread(cores):
     assert config.from_dict(config.ESJob, {}).distributed.workers == 8  # no more actors than members
 
 
+def test_explicit_workers_share_the_cores_among_the_actors_when_threads_are_auto(cores):
+    """issue 44.1: --set distributed.workers=2 on 2 cores ran 2 actors x 2 threads (4 threads on 2 cores)."""
+    cores(2)
+    cfg = config.from_dict(config.ESJob, {}, ["distributed.workers=2"])
+    assert (cfg.distributed.threads, cfg.model.threads) == (1, 1)  # driver at the actors' count: bit-identical
+    assert config.parallelism(cfg) == "parallelism: 2 Ray actors x 1 thread (auto: 2 cores shared by 2 actors)"
+    cores(8)
+    cfg = config.from_dict(config.ESJob, {}, ["distributed.workers=3"])
+    assert (cfg.distributed.threads, cfg.model.threads) == (2, 2)  # floor(8 / 3)
+    assert "3 Ray actors x 2 threads (auto: 8 cores shared by 3 actors)" in config.parallelism(cfg)
+    cores(2)
+    cfg = config.from_dict(config.ESJob, {}, ["distributed.workers=4"])  # more actors than cores: at least 1 each
+    assert cfg.distributed.threads == 1
+    assert "4 Ray actors x 1 thread" in config.parallelism(cfg) and "over-subscribes" in config.parallelism(cfg)
+    cfg = config.from_dict(config.ESJob, {}, ["distributed.workers=2", "distributed.threads=2"])  # explicit: kept
+    assert cfg.distributed.threads == 2
+    assert "4 threads on 2 cores: over-subscribes" in config.parallelism(cfg)
+
+
 @pytest.mark.parametrize("sets, n, ray, reason", [
     ([], 1, True, "1 cores"),
     ([], 2, False, "Ray is not installed"),

@@ -124,6 +124,13 @@ def test_a_reward_that_cannot_be_found_is_one_line(ref, message, rewards_py, tmp
     assert "\n" not in str(info.value)
 
 
+def test_a_misspelled_plugin_reward_names_the_installed_ones_and_the_closest(plugin_path):
+    """issue 44.5: the error listed only evolm's conventions, not the installed entry points."""
+    with pytest.raises(ConfigError, match=r"installed reward entry points: mostly_vowels, vowel_share.*"
+                                          r"did you mean 'vowel_share'\?"):
+        config.from_dict(config.ESJob, {}, ["task.reward='vowel_shar'"])
+
+
 def test_unknown_task_names_the_three_ways():
     with pytest.raises(ConfigError, match="entry points of group evolm.tasks .* package.module:Class"):
         config.from_dict(config.ESJob, {}, ["task.name='nosuch'"])
@@ -148,12 +155,78 @@ def test_a_broken_reward_is_a_one_line_reward_error(name, message, rewards_py):
         rf.rewards(["p", "q"], ["a", "b"], {})
 
 
+def test_a_reward_gets_the_prompt_as_the_data_gives_it_like_trl(rewards_py, tmp_path, tokenizer):
+    """issue 44.4: evolm passed the chat-rendered prompt where TRL passes the dataset's own prompt (text, or
+    the list of messages of a conversational row)."""
+    chat = [{"prompt": [{"role": "user", "content": f"Say {w}"}], "answer": w} for w in ("yes", "no", "maybe", "ok")]
+    task = make_task("dataset", [f"{rewards_py}:seen"], path=str(_write(tmp_path, "jsonl", chat)), test_fraction=0.25,
+                     system_prompt="Be brief.")
+    ex = task.examples("train", 1)[0]
+    task.score([ex], ["yes"], [task.render_prompt(ex, tokenizer)])
+    seen = task.user_rewards.functions[0].__globals__["SEEN"]
+    assert seen["prompts"] == [[{"role": "user", "content": ex.question}]]  # TRL's prompts: the row's messages
+    text = [{"prompt": f"Say {w}", "answer": w} for w in ("yes", "no", "maybe", "ok")]
+    task = make_task("dataset", [f"{rewards_py}:seen"], path=str(_write(tmp_path, "csv", text)), test_fraction=0.25)
+    ex = task.examples("train", 1)[0]
+    task.judge([ex], ["yes"], [task.render_prompt(ex, tokenizer)])
+    task.score([ex], ["yes"], [task.render_prompt(ex, tokenizer)])
+    assert task.user_rewards.functions[0].__globals__["SEEN"]["prompts"] == [ex.question]
+    assert "<|im_start|>" not in ex.question
+
+
+def test_a_partial_reward_is_recorded_with_its_arguments_and_rebuilt(tmp_path):
+    """issue 44.4: functools.partial(fn, ...) was refused as 'a lambda or defined inside a function'."""
+    import functools
+
+    from evolm.plugins import REWARD_GROUP, provenance, reference_of, resolve
+
+    path = write_module(tmp_path / "scaled.py", "def scaled(prompts, completions, scale=1.0, bonus=0, **columns):\n"
+                                                "    return [scale * len(c) + bonus for c in completions]\n")
+    from evolm.plugins import _import_file
+
+    module = _import_file(path.resolve())
+    part = functools.partial(module.scaled, scale=0.5, bonus=1)
+    ref = reference_of(part, "reward function")
+    assert ref == f"{path.resolve()}:scaled(scale=0.5, bonus=1)"
+    again = resolve(ref, REWARD_GROUP)
+    assert again(prompts=["p"], completions=["abcd"]) == [3.0]
+    rf = RewardFunctions([ref])
+    assert rf.rewards(["p"], ["ab"], {}) == [2.0]
+    record = provenance(again, ref)
+    assert record["ref"] == ref and record["module"].startswith("evolm_user_scaled") and len(record["sha256"]) == 64
+    job = config.from_dict(config.ESJob, {}, [f"task.reward=[{json.dumps(ref)}]"])  # a config takes the same form
+    assert job.task.reward == [ref]
+    with pytest.raises(UserError, match=r"argument .* of partial .* is not a literal"):
+        reference_of(functools.partial(module.scaled, scale=object()), "reward function")
+
+
+def test_a_reward_needing_a_missing_column_lists_the_columns_present(tmp_path):
+    """issue 44.5: docs/custom-tasks.md says so; it was a raw 'missing 1 required positional argument'."""
+    path = write_module(tmp_path / "needs.py", "def by_level(prompts, completions, difficulty, **kw):\n"
+                                               "    return [0.0] * len(completions)\n")
+    rf = RewardFunctions([f"{path}:by_level"])
+    with pytest.raises(RewardError, match=r"by_level' needs the column 'difficulty', which the data do not have "
+                                          r"\(columns: answer, level\)"):
+        rf.rewards(["p"], ["a"], {"answer": ["1"], "level": [2]})
+
+
+def test_a_reward_requiring_an_argument_only_trl_passes_is_one_line(tmp_path):
+    path = write_module(tmp_path / "trl_only.py", "def needs_ids(prompts, completions, completion_ids, **kw):\n"
+                                                  "    return [0.0] * len(completions)\n"
+                                                  "def defaulted(prompts, completions, completion_ids=None, trainer_state=None, **kw):\n"
+                                                  "    return [1.0] * len(completions)\n")
+    with pytest.raises(ConfigError, match=r"needs_ids' requires completion_ids, which TRL's GRPOTrainer passes and "
+                                          r"evolm does not .*completion_ids=None"):
+        RewardFunctions([f"{path}:needs_ids"])
+    assert RewardFunctions([f"{path}:defaulted"]).rewards(["p"], ["a"], {}) == [1.0]
+
+
 def test_a_builtin_task_hands_its_answer_and_fields_to_the_reward(rewards_py):
     task = make_task("countdown", [f"{rewards_py}:seen"])
     examples = task.examples("train", 2, seed=3)
-    task.score(examples, ["x", "y"], ["P0", "P1"])
+    task.score(examples, ["x", "y"], ["P0", "P1"])  # P0, P1: what the model saw (rendered); not the reward's
     seen = task.user_rewards.functions[0].__globals__["SEEN"]
-    assert seen["prompts"] == ["P0", "P1"] and seen["completions"] == ["x", "y"]
+    assert seen["prompts"] == [ex.question for ex in examples] and seen["completions"] == ["x", "y"]  # raw, as TRL
     assert seen["answer"] == [ex.answer for ex in examples]
     assert set(examples[0].meta) <= set(seen)  # every field of the example travels by name
     # its own checker still judges correctness (pass@k) unless a correctness function is given
@@ -234,6 +307,20 @@ def test_dataset_task_bad_input_is_one_line(tmp_path):
         make_task("dataset", path=str(bad)).examples("train", 1)
     with pytest.raises(ConfigError, match="needs its rows"):
         make_task("dataset")
+
+
+def test_a_malformed_jsonl_line_is_named_in_evolms_line_and_datasets_prints_nothing(tmp_path, capfd):
+    """issue 44.5: the error had no line number, and datasets printed 'Generating train split' and its own
+    error log before evolm's line."""
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "a", "answer": "1"}\n{"prompt": "b", "answer": "2"}\nnot json\n{"prompt": "c"}\n')
+    capfd.readouterr()
+    with pytest.raises(UserError, match=r"cannot read .*bad.jsonl: line 3 is not a JSON object \(Expecting value"):
+        make_task("dataset", path=str(bad)).examples("train", 1)
+    good = _write(tmp_path, "csv")
+    make_task("dataset", path=str(good), prompt="question").examples("train", 1)
+    out, err = capfd.readouterr()
+    assert "Generating" not in err + out and "Failed to load" not in err + out, err
 
 
 def test_dataset_task_with_a_reward_counts_the_threshold_as_correct(tmp_path, rewards_py):

@@ -492,3 +492,12 @@ def test_a_run_without_weights_resumes_by_replaying_its_seed_log(tmp_path, token
     assert train[-1]["seconds_total"] > seconds_3  # the totals continue from update 3's
     assert [r["status"] for r in run_b.seed_log()[1:]] == ["applied"] * 4
     assert run_b.config_history()[-1]["resumed_from"] == "update 3 (its seed log replayed: no checkpoint)"
+
+
+def test_replay_says_what_it_rebuilds_at_step_zero():
+    """issue 44.5: replay --step 0 printed 'updates 1..0'."""
+    from evolm.jobs import replay_line
+
+    assert replay_line("runs/a", "m", 0, "out") == "[evolm] replaying runs/a: m with no update (step 0, the base model) -> out"
+    assert replay_line("runs/a", "m", 1, "out") == "[evolm] replaying runs/a: m + update 1 of the seed log -> out"
+    assert replay_line("runs/a", "m", 3, "out") == "[evolm] replaying runs/a: m + updates 1..3 of the seed log -> out"

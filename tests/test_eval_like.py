@@ -155,3 +155,20 @@ def test_eval_like_reproduces_a_grpo_runs_after_evaluation(tmp_path, tokenizer, 
     assert "the same summary, exactly" in capsys.readouterr().out
     (out,) = (run.path / "eval").iterdir()
     assert _only_task(out)["summary"] == run.evaluation("after")["summary"]
+
+
+def test_the_like_table_names_the_runs_seed_and_its_derivation():
+    """issue 44.5: eval --like printed 'seed 0' while sampling with seeds derived from the run's run.seed."""
+    from evolm.evaluate import markdown_table
+
+    summary = {"problems": 2, "n": 1, "greedy": 0.5, "pass@1": 0.5, "entropy": 0.1, "distinct_correct": 0.5,
+               "format_rate": 1.0, "mean_tokens": 3.0, "truncated": 0.0}
+    report = {"model": {"spec": "runs/a", "fingerprint": "f"}, "tasks": {"arithmetic": {"summary": summary}},
+              "settings": {"like": "runs/a", "n": 1, "ks": [1], "temperature": 1.0, "top_p": 1.0, "split": "test",
+                           "seed": 7, "greedy": True,
+                           "seed_derivation": "the run's held-out evaluation: problems seed31(run.seed, 'heldout', task), "
+                                              "sampling seed31(run.seed, 'heldout-sampling')"}}
+    head = markdown_table(report).split("\n\n")[1]
+    assert "run.seed 7 of runs/a (problems seed31(run.seed, 'heldout', task), sampling seed31(run.seed, " \
+           "'heldout-sampling'))" in head
+    assert "seed 7;" not in head

@@ -399,3 +399,17 @@ def test_the_exported_folder_runs_in_lm_eval_offline(tmp_path, es_run, monkeypat
                                       task_manager=TaskManager(include_path=str(tasks), include_defaults=False),
                                       device="cpu", batch_size=4)
     assert results["results"]["evolm_echo"]["exact_match,none"] == pytest.approx(0.75)
+
+
+def test_card_names_a_plugin_reward_by_where_it_came_from(es_run):
+    """issue 44.5: the card called a plugin's reward function 'docs/rewards.md of evolm'."""
+    cfg = es_run.config()
+    plugin = _facts(es_run, config={**cfg, "task": {**cfg["task"], "reward": ["vowel_share"]}},
+                    plugins={"rewards": [{"ref": "vowel_share", "module": "evolm_example_plugin.rewards",
+                                          "distribution": "evolm-example-plugin", "version": "0.1.0"}]})
+    card = export.render_card(plugin, base_model=None, license=None, dtype="float32", files=[])
+    assert ("- **reward**: `vowel_share` from evolm-example-plugin 0.1.0 (module evolm_example_plugin.rewards), "
+            "a reward function in TRL's convention") in card
+    assert "docs/rewards.md of evolm" not in card
+    own = export.render_card(_facts(es_run), base_model=None, license=None, dtype="float32", files=[])
+    assert "(docs/rewards.md of evolm)" in own  # a convention is evolm's

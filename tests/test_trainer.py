@@ -148,3 +148,78 @@ def test_ask_tell_is_the_engines_es(tiny_model, tokenizer):
     with pytest.raises(UserError, match="one fitness per member"):
         es.ask()
         es.tell([1.0])
+
+
+UNGUARDED_SCRIPT = '''
+from evolm import ESConfig, ESTrainer
+
+
+def reward(prompts, completions, **columns):
+    return [float(len(c) % 3) for c in completions]
+
+
+# no `if __name__ == "__main__":`: replay imports this file again to find `reward`
+ESTrainer(model={model!r}, reward_funcs=[reward],
+          args=ESConfig(output_dir={out!r}, iterations=1, population=2, prompts_per_iteration=2, max_new_tokens=4,
+                        before_after=False, progress=False, workers=0, threads=1,
+                        overrides=["run.checkpoint_every=0", "probe.every=0"]),
+          train_dataset={rows!r}).train()
+print("trained")
+'''
+
+
+def test_a_script_that_trains_when_imported_is_refused_in_one_line_by_replay(tiny_dir, tmp_path):
+    """issue 44.2: replay imported the unguarded script to find its reward, which trained again, recursively
+    (71 nested runs, a RecursionError). Now: one line naming the fix, exit 2."""
+    import os
+
+    script = tmp_path / "train_mine.py"
+    run = tmp_path / "runs" / "mine"
+    script.write_text(UNGUARDED_SCRIPT.format(model=str(tiny_dir), out=str(run), rows=ROWS[:6]))
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    first = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600, env=env,
+                           cwd=tmp_path)
+    assert first.returncode == 0 and "trained" in first.stdout, first.stderr[-2000:]
+    info = json.loads((run / "run.json").read_text())
+    assert len(info["plugins"]["rewards"][0]["sha256"]) == 64  # issue 44.5: a __main__ script's reward is hashed
+    replay = subprocess.run([sys.executable, "-m", "evolm", "replay", str(run), "--out", str(tmp_path / "r")],
+                            capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert replay.returncode == 2, (replay.stdout[-1000:], replay.stderr[-3000:])
+    lines = [x for x in replay.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and 'put the training call under if __name__ == "__main__":' in lines[0], lines[:5]
+    assert "train_mine.py" in lines[0] and "trained" not in replay.stdout
+
+
+def test_trl_field_names_in_the_configs_are_aliases_or_one_line(tmp_path):
+    """issue 44.4: GRPOConfig(max_completion_length=...) / (per_device_train_batch_size=...) were raw TypeErrors."""
+    assert GRPOConfig(max_completion_length=12).max_new_tokens == 12  # TRL's name for the same knob
+    assert ESConfig(max_completion_length=12).max_new_tokens == 12
+    with pytest.raises(UserError, match=r"per_device_train_batch_size is TRL's.*set prompts_per_step"):
+        GRPOConfig(per_device_train_batch_size=8)
+    with pytest.raises(UserError, match=r"both max_completion_length .* and max_new_tokens"):
+        GRPOConfig(max_completion_length=12, max_new_tokens=8)
+    with pytest.raises(UserError, match=r"GRPOConfig has no field 'num_iteration' \(did you mean 'max_steps'|num_generations"):
+        GRPOConfig(num_iteration=3)
+
+
+def test_an_es_config_given_to_grpo_is_one_line():
+    from evolm import config
+    from evolm.grpo import GRPOJob
+
+    with pytest.raises(UserError, match=r"\[es\] is a section of an ES config \(evolm es\); evolm grpo reads \[grpo\]"):
+        config.load(GRPOJob, REPO / "configs" / "es-arithmetic.toml")
+    with pytest.raises(UserError, match=r"\[grpo\] is a section of a GRPO config \(evolm grpo\); evolm es reads \[es\]"):
+        config.load(config.ESJob, REPO / "configs" / "grpo-arithmetic.toml")
+
+
+def test_a_model_saved_under_dot_models_is_readable_by_others(tiny_model, tokenizer, tmp_path):
+    """issue 44.5: runs/.models/ files were created 0600 (safetensors, mkdtemp); now the umask's usual modes."""
+    import stat
+
+    from evolm.runs import _UMASK
+    from evolm.trainer import save_model
+
+    path = save_model(tiny_model, tokenizer, tmp_path)
+    files = [p for p in path.rglob("*") if p.is_file()]
+    assert files and {stat.S_IMODE(p.stat().st_mode) for p in files} == {0o666 & ~_UMASK}
+    assert stat.S_IMODE(path.stat().st_mode) == 0o777 & ~_UMASK

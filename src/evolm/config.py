@@ -329,7 +329,9 @@ class DistributedConfig:
     address: str = ""
     """Ray cluster: "" starts a private Ray instance on this machine (no dashboard); "auto" joins the cluster this machine belongs to (ray start); "ray://HOST:10001" connects through Ray Client; HOST:PORT joins that cluster's head."""
     threads: int = 0
-    """CPU threads per actor: its Ray CPU reservation and its torch thread count (0: model.threads). Results match a local run bit for bit when this equals model.threads."""
+    """CPU threads per actor: its Ray CPU reservation and its torch thread count (0: model.threads; with
+    model.threads = auto on a local Ray, this machine's usable cores divided among the actors, at least 1, and
+    the driver at the same count; the start line warns when workers x threads exceeds the cores). Results match a local run bit for bit when this equals model.threads."""
     gpus: float = 0.0
     """GPUs Ray reserves per actor (a fraction shares one GPU); needed with model.device = "cuda", where each actor uses the GPU Ray assigns it, and for vLLM actors on CUDA, whose engines take it (their models and the driver's stay on the CPU)."""
     max_restarts: int = 3
@@ -555,10 +557,20 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
     raise ConfigError(f"{path}: unsupported type {_type_name(tp)}")
 
 
+JOB_SECTIONS = {"es": ("an ES config", "evolm es"), "distributed": ("an ES config", "evolm es"),
+                "grpo": ("a GRPO config", "evolm grpo"), "pipeline": ("a pipeline config", "evolm pipeline")}
+"""A job's own top-level sections, so a config given to another verb is named as what it is."""
+_JOB_VERBS = {"ESJob": ("evolm es", "es"), "GRPOJob": ("evolm grpo", "grpo"), "PipelineJob": ("evolm pipeline", "pipeline")}
+
+
 def _build(cls, data: dict, prefix: str = ""):
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
     for key in data:
+        if key not in names and not prefix and key in JOB_SECTIONS and cls.__name__ in _JOB_VERBS:
+            (what, verb), (this, own) = JOB_SECTIONS[key], _JOB_VERBS[cls.__name__]
+            raise ConfigError(f"[{key}] is a section of {what} ({verb}); {this} reads [{own}]: give this config to "
+                              f"{verb}, or start from `evolm config {own}`")
         if key not in names:
             where = f"{prefix}.{key}" if prefix else key
             close = difflib.get_close_matches(key, names, n=1)
@@ -663,7 +675,11 @@ def resolve_auto(cfg) -> list[str]:
       job class, ``machine.cpu_bf16_native``; the engine keeps float32 masters, ``evolm.es.params``, so the
       update is float32's), float32 otherwise.
     - ``distributed.workers`` (ES): see its field docstring; Ray actors get ``distributed.threads = 1``.
-    - ``model.threads``: the usable cores (``machine.usable_cores``); 1 for the driver of 1-thread actors.
+    - ``distributed.threads`` with an explicit ``distributed.workers`` >= 2 and ``model.threads = "auto"`` (local
+      Ray): the usable cores divided among the actors, at least 1 each; the start line says so, and says when
+      ``workers x threads`` exceeds the cores.
+    - ``model.threads``: the usable cores (``machine.usable_cores``); the actors' count for the driver of Ray
+      actors whose threads auto chose.
     - ``generation.vllm_*``: from free GPU memory / available RAM (their field docstrings)."""
     from evolm import machine
 
@@ -702,12 +718,20 @@ def resolve_auto(cfg) -> list[str]:
         if dist.workers >= 2 and not dist.threads:
             dist.threads = 1
         notes.append(f"distributed.workers = {dist.workers} ({reason})")
+    shared = False
+    if (dist is not None and isinstance(dist.workers, int) and dist.workers >= 2 and not dist.threads
+            and not dist.address.strip() and isinstance(model, ModelConfig) and model.threads == AUTO):
+        # explicit workers, auto threads: this machine's cores divided among the actors (never over-subscribed)
+        dist.threads, shared = max(1, cores // dist.workers), True
+        notes.append(f"distributed.threads = {dist.threads} (auto: {cores} cores shared by {dist.workers} actors)")
     if isinstance(model, ModelConfig) and model.threads == AUTO:
-        if dist is not None and dist.workers >= 2 and dist.threads == 1:
-            # the driver of 1-thread actors measures at 1 thread too: the whole run, held-out tables included
-            # (a sampled logit's last bits depend on the thread count), equals the one-process 1-thread run
-            model.threads = 1
-            notes.append("model.threads = 1 (auto: the driver of 1-thread Ray actors, as a one-process 1-thread run)")
+        if dist is not None and dist.workers >= 2 and (dist.threads == 1 or shared):
+            # the driver of t-thread actors measures at t threads too: the whole run, held-out tables included
+            # (a sampled logit's last bits depend on the thread count), equals the one-process t-thread run
+            t = dist.threads
+            model.threads = t
+            notes.append(f"model.threads = {t} (auto: the driver of {t}-thread Ray actors, as a one-process "
+                         f"{t}-thread run)")
         else:
             model.threads = cores
             notes.append(f"model.threads = {cores} (auto: {why})")
@@ -793,18 +817,27 @@ def _vllm_on_cuda(cfg, machine) -> bool:
 def parallelism(cfg) -> str:
     """One line saying where an ES job scores its members and why (printed at the start of the run):
     ``parallelism: 2 Ray actors x 1 thread (auto: 2 cores)``."""
+    from evolm import machine
+
     d, m = cfg.distributed, cfg.model
+    over = ""
     if d.workers >= 2:
         t = d.threads or m.threads
         where = f"{d.workers} Ray actors x {t} thread{'s' if t != 1 else ''}"
+        cores = machine.usable_cores()[0]
+        if not d.address.strip() and d.workers * t > cores:  # a local Ray: its actors share this machine's cores
+            over = (f"; {d.workers * t} threads on {cores} core{'s' if cores != 1 else ''}: over-subscribes, "
+                    f"set distributed.threads = {max(1, cores // d.workers)} or fewer distributed.workers")
     else:
         where = f"one process x {m.threads} thread{'s' if m.threads != 1 else ''} on {m.device}"
     notes = {n.split(" = ")[0]: n for n in getattr(cfg, "auto_notes", [])}
-    note = notes.get("distributed.workers") or notes.get("model.threads")
+    note = notes.get("distributed.workers") or notes.get("distributed.threads") or notes.get("model.threads")
     how = note[note.index("("):] if note else "(as configured)"
     threads = notes.get("model.threads", "").split("(auto: ")[-1]
     if "distributed.workers" in notes and threads and d.workers < 2 and threads[:-1] not in how:
         how = how[:-1] + f"; {threads}"
+    if over:
+        how = how[:-1] + over + ")"
     return f"parallelism: {where} {how}"
 
 

@@ -116,6 +116,9 @@ def _join_verified(chunks: list[Path], expected_sha256: str, target: Path) -> No
     """Concatenate ``chunks`` into ``target`` atomically, only if the result hashes to ``expected_sha256``."""
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=target.name + ".", suffix=".partial", dir=target.parent)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.fchmod(fd, 0o666 & ~umask)  # mkstemp creates 0600: the umask's usual mode, like any cached file
     tmp = Path(tmp_name)
     try:
         h = hashlib.sha256()

@@ -461,9 +461,13 @@ def markdown_table(report: dict) -> str:
         rows.append(row)
     m = report["model"]
     st = report["settings"]
+    seed = f"seed {st['seed']}"
+    if st.get("like"):  # eval --like: the seeds the run derived from its run.seed, not an eval seed
+        derivation = str(st.get("seed_derivation", "")).split(": ", 1)[-1]
+        seed = f"run.seed {st['seed']} of {st['like']}" + (f" ({derivation})" if derivation else "")
     head = (f"# Evaluation of `{m['spec']}` (fingerprint {m['fingerprint']})\n\n"
             f"split {st['split']}, n={st['n']} samples per problem at temperature {st['temperature']:g} (top-p {st['top_p']:g}), "
-            f"seed {st['seed']}; greedy = temperature-0 accuracy; entropy = token-weighted mean next-token entropy (nats); "
+            f"{seed}; greedy = temperature-0 accuracy; entropy = token-weighted mean next-token entropy (nats); "
             f"distinct correct = distinct correct final answers per problem; chance = pass@k of uniform guessing "
             f"(multiple-choice tasks).\n\n")
     return head + table(cols, rows)

@@ -106,6 +106,8 @@ class CardFacts:
     after: dict | None
     plan: list[dict] = field(default_factory=list)
     run_path: str = ""
+    plugins: dict = field(default_factory=dict)
+    """``run.json`` ``plugins``: where the task and reward functions came from (``evolm.plugins.provenance``)."""
 
 
 def card_facts(run: RunDir, name: str | None = None) -> CardFacts:
@@ -130,7 +132,7 @@ def card_facts(run: RunDir, name: str | None = None) -> CardFacts:
                      spec=str(cfg.get("model", {}).get("spec") or info.get("model") or ""),
                      base=dict(info.get("base") or {}), config=cfg, config_toml=run.config_path.read_text(),
                      totals=totals, before=run.evaluation("before"), after=run.evaluation("after"), plan=plan,
-                     run_path=str(run.path))
+                     run_path=str(run.path), plugins=dict(info.get("plugins") or {}))
 
 
 def hub_base(spec: str, depth: int = 0) -> tuple[str | None, str | None]:
@@ -262,6 +264,19 @@ def _method_lines(facts: CardFacts) -> list[str]:
     return lines
 
 
+def _reward_words(reward, plugins: dict) -> str:
+    """The card's reward: an evolm convention by its docs page, reward functions by where they came from."""
+    from evolm.plugins import describe_source
+    from evolm.rewards import is_convention
+
+    refs = [reward] if isinstance(reward, str) else list(reward or [])
+    if len(refs) == 1 and is_convention(str(refs[0])):
+        return f"`{refs[0]}` (docs/rewards.md of evolm)"
+    records = {r.get("ref"): r for r in plugins.get("rewards") or []}
+    named = [f"`{ref}`" + (f" from {describe_source(records[ref])}" if ref in records else "") for ref in refs]
+    return ", ".join(named) + (", a reward function" if len(refs) == 1 else ", reward functions") + " in TRL's convention"
+
+
 def render_card(facts: CardFacts, *, base_model: str | None, license: str | None, dtype: str, files: list[str]) -> str:
     """The model card (``README.md``) of an export, from ``facts`` (pure)."""
     methods = facts.methods or [facts.method]
@@ -298,7 +313,7 @@ def render_card(facts: CardFacts, *, base_model: str | None, license: str | None
     params = task.get("params") or {}
     held = (facts.after or facts.before or {}).get("task")
     out.append(f"- **task**: `{task.get('name')}`" + (f", params `{json.dumps(params, sort_keys=True)}`" if params else "")
-               + f"\n- **reward**: `{task.get('reward')}` (docs/rewards.md of evolm)"
+               + f"\n- **reward**: {_reward_words(task.get('reward'), facts.plugins)}"
                + (f"\n- **held-out task**: `{held}`" if held and held != task.get("name") else "") + "\n")
 
     t = facts.totals

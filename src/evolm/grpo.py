@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import sys
 import tempfile
 import time
@@ -313,21 +314,20 @@ def make_reward_fn(task, examples: list, tokenizer, meter: RolloutMeter | None =
 
     The text is ``tokenizer.decode(completion_ids, skip_special_tokens=True)``: the decoding the ES
     generation backend uses, so both methods score the same strings; the prompts a reward function
-    receives are the rendered prompt texts, as in ES.
+    receives are the prompts as the data give them (``Task.reward_prompt``), as in ES and as TRL passes them.
     """
 
     def reward(prompts, completions, completion_ids, example_index, **_):
         exs = [examples[int(i)] for i in example_index]
         texts = [tokenizer.decode(ids, skip_special_tokens=True) for ids in completion_ids]
-        rendered = [task.render_prompt(ex, tokenizer) for ex in exs]
-        out = [float(r) for r in task.score(exs, texts, rendered)]
+        out = [float(r) for r in task.score(exs, texts)]
         if meter is not None:
             meter.rewards += out
-            meter.correct += [bool(v.correct) for v in task.judge(exs, texts, rendered)]
+            meter.correct += [bool(v.correct) for v in task.judge(exs, texts)]
             meter.tokens += [len(ids) for ids in completion_ids]
         return out
 
-    reward.__name__ = f"{task.name}_{task.reward_name}".replace(":", "_").replace("/", "_").replace(".", "_")
+    reward.__name__ = re.sub(r"\W+", "_", f"{task.name}_{task.reward_name}").strip("_")  # TRL's metric name: a word
     return reward
 
 

@@ -69,7 +69,7 @@ from evolm.es import engine as es_engine
 from evolm.es import ray_population
 from evolm.heldout import check_measurements, heldout_eval, make_probe, probe_record
 from evolm.plots import plot_training
-from evolm.plugins import check_recorded
+from evolm.plugins import check_recorded, refuse_run_on_import
 from evolm.runs import (RunDir, TrainResult, atomic_write_text, budget_reached, peak_rss_mb, save_model_dir, this_process,
                         writer_alive)
 from evolm.state import lower_precision, model_fingerprint
@@ -281,6 +281,7 @@ def open_run(cfg, kind: str, *, resume: RunDir | str | Path | None = None, run_d
     ``model`` (a new run): the model training starts from; its fingerprint goes into ``run.json``
     (``base_record``), and a lower-precision model's weights into ``<run>/base/``. ``injected``: the
     caller built the model (its weights need not be ``model.spec``'s)."""
+    refuse_run_on_import()  # a user's script training at module level, imported by evolm to find its reward
     toml = config_mod.to_toml(cfg)
     resolved = config_mod.to_dict(cfg)
     trackers.check(cfg.run.report_to)  # a missing tracker package fails before any file changes
@@ -557,6 +558,13 @@ def run_grpo(cfg, resume=None, *, model=None, tokenizer=None, task: Task | None 
 
 # -- rebuilding an ES run's weights -------------------------------------------------------------------
 
+def replay_line(run_path, spec: str, step: int, out) -> str:
+    """What ``replay_run`` says it rebuilds: the base model plus updates 1..step (step 0: the base model alone)."""
+    what = ("with no update (step 0, the base model)" if step == 0 else "+ update 1 of the seed log" if step == 1
+            else f"+ updates 1..{step} of the seed log")
+    return f"[evolm] replaying {run_path}: {spec} {what} -> {out}"
+
+
 def replay_run(run_dir, step: int | None = None, out=None, *, device: str | None = None, say: Say = print) -> Path:
     """Write the model an ES run had after ``step`` updates (default: its last logged update) to ``out``
     (default ``RUN_DIR/replay/step_NNNNNN``): the run's base model (``model.spec`` loaded as the run
@@ -583,7 +591,7 @@ def replay_run(run_dir, step: int | None = None, out=None, *, device: str | None
         raise UserError(f"--step {step} is outside the run's logged updates 0..{last} (seed_log.jsonl)")
     out = Path(out) if out else run.path / "replay" / f"step_{step:06d}"
     torch.set_num_threads(cfg.model.threads)
-    say(f"[evolm] replaying {run.path}: {cfg.model.spec} + updates 1..{step} of the seed log -> {out}")
+    say(replay_line(run.path, cfg.model.spec, step, out))
     model, tokenizer = models.load(cfg.model.spec, dtype=cfg.model.dtype, threads=cfg.model.threads,
                                    device=device or cfg.model.device, revision=cfg.model.revision,
                                    trust_remote_code=cfg.model.trust_remote_code)

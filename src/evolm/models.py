@@ -50,6 +50,7 @@ from typing import Iterator
 
 from evolm.embedded import EMBEDDED, gguf_path, sha256_file
 from evolm.errors import UserError
+from evolm.resources import usual_permissions
 from evolm.resources import cache_dir  # noqa: F401  (models.cache_dir: where derived files are cached)
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -132,6 +133,7 @@ def _convert_gguf(gguf: Path, out: Path, fix: str = "") -> None:
     try:
         fresh.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        usual_permissions(tmp)  # mkdtemp and safetensors create 0700 / 0600: the umask's usual modes instead
         try:
             os.replace(tmp, out)
         except OSError:

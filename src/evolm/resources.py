@@ -36,3 +36,12 @@ def cache_dir() -> Path:
     """Where dequantised GGUF models, joined embedded models and other derived files are cached
     (``EVOLM_CACHE``, default ``~/.cache/evolm``)."""
     return Path(os.environ.get("EVOLM_CACHE") or Path.home() / ".cache" / "evolm")
+
+
+def usual_permissions(root: Path) -> None:
+    """``root`` and everything under it in the umask's usual modes (0644 files, 0755 directories under umask 022):
+    ``mkdtemp`` creates 0700 directories and safetensors 0600 files, which other users cannot read."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for path in [root, *root.rglob("*")]:
+        os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~umask)

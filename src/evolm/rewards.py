@@ -26,6 +26,7 @@ note on stderr.
 from __future__ import annotations
 
 import difflib
+import inspect
 import sys
 from dataclasses import dataclass
 from typing import Callable
@@ -93,6 +94,13 @@ def resolve_reward(name: str, field: str = "task.reward") -> str:
 
 # -- the user's reward functions --------------------------------------------------------------------
 
+TRL_ONLY = ("completion_ids", "trainer_state", "log_extra", "log_metric", "environments")
+"""Keyword arguments TRL 1.16's GRPOTrainer passes to a reward function besides prompts, completions and the
+dataset's columns (``GRPOTrainer._calculate_rewards``), which evolm does not pass: evolm's completions are
+scored as text outside a TRL trainer (ES has no ``TrainerState`` and no completions table). A function that
+requires one is refused when it is loaded; one that defaults it or takes ``**kwargs`` serves both."""
+
+
 class RewardError(UserError):
     """A reward or correctness function broke its contract (raised, wrong length, not a number, NaN)."""
 
@@ -131,14 +139,25 @@ def _values(fn_name: str, out, n: int, kind: str) -> list:
     return values
 
 
+def _required(fn) -> list[str]:
+    """The parameters ``fn`` cannot be called without (no default, passable by name)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    return [p.name for p in params if p.default is inspect.Parameter.empty
+            and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+
+
 class RewardFunctions:
     """Reward functions in TRL's convention, weighted and summed: the fitness of ES, the reward of GRPO.
 
     Each function is called as ``fn(prompts=[...], completions=[...], **columns) -> list[float | None]``
-    with one entry per completion: ``prompts`` the rendered prompt texts, ``completions`` the decoded
-    completion texts, and every column of the data by name (``answer``, and the example's own fields).
-    That is the signature of TRL's ``reward_funcs`` with a standard (text) dataset, so one function
-    serves both libraries. The total is ``sum_i w_i r_i`` over the functions that gave a number (TRL's
+    with one entry per completion: ``prompts`` the prompts as the data give them (``Task.reward_prompt``:
+    a text prompt, or a conversational row's list of messages, as TRL passes them; not the chat-rendered
+    text), ``completions`` the decoded completion texts, and every column of the data by name (``answer``,
+    and the example's own fields). That is the signature of TRL's ``reward_funcs`` with a standard (text)
+    dataset, so one function serves both libraries; TRL's further keywords (``TRL_ONLY``) are not passed. The total is ``sum_i w_i r_i`` over the functions that gave a number (TRL's
     nansum: ``None`` means "does not apply"; a completion no function scored gets 0).
 
     ``correct`` (same signature, booleans) is the judgement pass@k counts; without it a task uses its
@@ -160,11 +179,13 @@ class RewardFunctions:
                               "give one per function (or none: all 1)")
         self.correct_ref = str(correct or "")
         self.threshold = float(threshold)
+        installed = entry_points(REWARD_GROUP)
         for r in self.refs + ((self.correct_ref,) if self.correct_ref else ()):
-            if not is_reference(r) and r not in entry_points(REWARD_GROUP):
-                close = difflib.get_close_matches(r, CONVENTIONS, n=1)
+            if not is_reference(r) and r not in installed:
+                close = difflib.get_close_matches(r, [*installed, *CONVENTIONS], n=1)
                 raise ConfigError(f"task.reward must be one of {list(CONVENTIONS)} or reward functions (an entry point of "
-                                  f"group {REWARD_GROUP}, package.module:function or path/to/file.py:function) (got '{r}')"
+                                  f"group {REWARD_GROUP}, package.module:function or path/to/file.py:function) (got '{r}'; "
+                                  f"installed reward entry points: {', '.join(sorted(installed)) or 'none'})"
                                   + (f"; did you mean '{close[0]}'?" if close else ""))
         self.functions = [self._callable(resolve(r, REWARD_GROUP, "reward function"), r) for r in self.refs]
         self.correct_fn = self._callable(resolve(self.correct_ref, REWARD_GROUP, "correctness function"),
@@ -174,6 +195,12 @@ class RewardFunctions:
     def _callable(obj, ref: str):
         if not callable(obj):
             raise ConfigError(f"'{ref}' is a {type(obj).__name__}, not a function fn(prompts, completions, **columns)")
+        required = [name for name in _required(obj) if name in TRL_ONLY]
+        if required:
+            raise ConfigError(f"reward function '{ref}' requires {', '.join(required)}, which TRL's GRPOTrainer passes and "
+                              "evolm does not (evolm passes prompts, completions and the data columns); give "
+                              f"{'it a default' if len(required) == 1 else 'them defaults'} ({required[0]}=None) or "
+                              "take **kwargs")
         return obj
 
     @property
@@ -188,6 +215,12 @@ class RewardFunctions:
         self.__init__(state["refs"], state["weights"], state["correct"], state["threshold"])
 
     def _call(self, fn, ref: str, prompts: list[str], completions: list[str], columns: dict[str, list], kind: str) -> list:
+        missing = [name for name in _required(fn) if name not in columns and name not in ("prompts", "completions")]
+        if missing:
+            plural = "s" if len(missing) > 1 else ""
+            raise RewardError(f"reward function '{ref}' needs the column{plural} {', '.join(repr(m) for m in missing)}, "
+                              f"which the data do not have (columns: {', '.join(sorted(columns)) or 'none'}); rename a "
+                              "column (task.params), or give the parameter a default")
         try:
             out = fn(prompts=list(prompts), completions=list(completions), **columns)
         except RewardError:

@@ -13,7 +13,9 @@ Design decisions:
   to the CLI run of the same settings (tested).
 - The config is flat, as TRL's are: the knobs users turn most, each with a docstring, mapped onto the
   config's sections (``to_overrides``); any other field goes through ``overrides`` (the CLI's ``--set``)
-  or ``config_file`` (a TOML config to start from).
+  or ``config_file`` (a TOML config to start from). TRL's name for a field evolm has is accepted
+  (``max_completion_length``); a TRL field without an evolm twin (``per_device_train_batch_size``) and any
+  unknown name are one-line errors naming evolm's field.
 - Everything a run needs must be found again by another process (a resume, ``replay``, ``eval --like``,
   Ray actors), so nothing is kept only in memory: reward functions become references
   (``plugins.reference_of``: ``module:function``, or ``file.py:function`` for a script's own function;
@@ -28,15 +30,17 @@ Design decisions:
 
 from __future__ import annotations
 
+import difflib
+import functools
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from evolm import config as config_mod
 from evolm.errors import UserError
-from evolm.plugins import reference_of
+from evolm.plugins import reference_of, refuse_run_on_import
 
 DATA_DIR = ".datasets"
 MODEL_DIR = ".models"
@@ -157,6 +161,48 @@ class GRPOConfig(_Common):
         return self.common_overrides() + [f"{k}={config_mod.toml_inline(v)}" for k, v in sets.items()] + list(self.overrides)
 
 
+TRL_ALIASES = {"max_completion_length": "max_new_tokens"}
+"""TRL's name for a field -> evolm's, accepted by ``ESConfig`` and ``GRPOConfig`` (both names at once: refused)."""
+TRL_REFUSED = {
+    "per_device_train_batch_size": "evolm's GRPOConfig counts training problems per step: set prompts_per_step (a step "
+                                   "samples prompts_per_step x num_generations completions)",
+    "num_train_epochs": "set max_steps (GRPOConfig) or iterations (ESConfig)",
+    "gradient_accumulation_steps": "evolm steps once per prompts_per_step x num_generations completions; other TRL "
+                                   "fields go in overrides=[\"grpo.FIELD=VALUE\"] (evolm config grpo lists them)",
+}
+"""TRL field names with no one-to-one evolm field: a one-line ``UserError`` naming evolm's."""
+
+
+def _accept_trl_names(cls):
+    """Let ``cls(...)`` take TRL's field names (``TRL_ALIASES``) and refuse any other unknown name in one line."""
+    init = cls.__init__
+    names = [f.name for f in fields(cls)]
+
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        for trl, ours in TRL_ALIASES.items():
+            if trl in kwargs:
+                if ours in kwargs:
+                    raise UserError(f"{cls.__name__} got both {trl} (TRL's name) and {ours}; give one")
+                kwargs[ours] = kwargs.pop(trl)
+        for key in kwargs:
+            if key in TRL_REFUSED:
+                raise UserError(f"{cls.__name__}: {key} is TRL's, with no evolm field of that meaning; {TRL_REFUSED[key]}")
+            if key not in names:
+                close = difflib.get_close_matches(key, names + list(TRL_ALIASES), n=2)
+                hint = f"did you mean {' or '.join(repr(c) for c in close)}?" if close else f"its fields: {', '.join(names)}"
+                raise UserError(f"{cls.__name__} has no field '{key}' ({hint}); any config field goes in "
+                                "overrides=['section.field=value']")
+        init(self, *args, **kwargs)
+
+    cls.__init__ = __init__
+    return cls
+
+
+_accept_trl_names(ESConfig)
+_accept_trl_names(GRPOConfig)
+
+
 @dataclass
 class TrainOutput:
     """What ``train()`` returns: the run directory and the numbers a user looks at first."""
@@ -204,12 +250,11 @@ def save_model(model, tokenizer, root: Path) -> Path:
 
     if tokenizer is None:
         raise UserError("pass the tokenizer as processing_class together with a loaded model")
+    from evolm.runs import save_model_dir
+
     path = root / MODEL_DIR / model_fingerprint(model)[:16]
-    if not (path / "config.json").exists():
-        tmp = path.with_name(path.name + ".tmp")
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        tmp.replace(path)
+    if not (path / "config.json").exists():  # atomic, in the umask's usual modes (safetensors alone writes 0600)
+        save_model_dir(path, model, tokenizer, extra={})
     return path
 
 
@@ -228,6 +273,7 @@ class _Trainer:
         or a list of dicts (the ``dataset`` task); or ``task`` (a built-in task, entry point or reference)
         with ``task_params``. ``correct_func``: the correctness function pass@k counts (same signature,
         booleans)."""
+        refuse_run_on_import()  # a script's unguarded training call, reached again by evolm importing the script
         self.args = args if args is not None else self.config_class()
         if not isinstance(self.args, self.config_class):
             raise UserError(f"{type(self).__name__} takes args={self.config_class.__name__}(...) "
@@ -276,6 +322,7 @@ class _Trainer:
         from evolm.registry import job_kind
         from evolm.runs import RunDir
 
+        refuse_run_on_import()
         target = self.run_dir if resume else None
         if resume and not (self.run_dir / "run.json").exists():
             raise UserError(f"nothing to resume at {self.run_dir}; call train() without resume to start it")

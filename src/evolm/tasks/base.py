@@ -154,13 +154,19 @@ class Task(ABC):
                 out[key] = [ex.meta.get(key) for ex in examples]
         return out
 
+    def reward_prompt(self, example: Example) -> Any:
+        """The prompt a reward function receives for ``example``: the prompt as its data give it, which is what
+        TRL's ``GRPOTrainer`` passes as ``prompts`` (a text row's prompt text; the task's problem text for a
+        built-in task), never the chat-rendered text the model was fed."""
+        return self.verbatim_prompt(example) or example.question
+
     def score(self, examples: list[Example], completions: list[str], prompts: list[str] | None = None) -> list[float]:
-        """The reward of each ``completions[i]`` of ``examples[i]`` (rendered prompt ``prompts[i]``): the reward
-        functions in one batched call when the task has them, else the convention one by one."""
+        """The reward of each ``completions[i]`` of ``examples[i]``: the reward functions in one batched call when
+        the task has them (their ``prompts``: ``reward_prompt`` of each example, as TRL passes them), else the
+        convention one by one. ``prompts`` (the rendered texts the model saw) is accepted and not used."""
         if self.user_rewards is None or not self.user_rewards.refs:
             return [float(self.reward(c, ex)) for c, ex in zip(completions, examples, strict=True)]
-        prompts = [ex.question for ex in examples] if prompts is None else prompts
-        return self.user_rewards.rewards(prompts, completions, self.columns(examples))
+        return self.user_rewards.rewards([self.reward_prompt(ex) for ex in examples], completions, self.columns(examples))
 
     def judge(self, examples: list[Example], completions: list[str], prompts: list[str] | None = None) -> list[Verdict]:
         """``check`` of each completion, its ``correct`` decided by the correctness function when there is one,
@@ -169,8 +175,7 @@ class Task(ABC):
         rf = self.user_rewards
         if rf is None:
             return verdicts
-        prompts = [ex.question for ex in examples] if prompts is None else prompts
-        correct = rf.correct(prompts, completions, self.columns(examples))
+        correct = rf.correct([self.reward_prompt(ex) for ex in examples], completions, self.columns(examples))
         if correct is None and not self.own_checker and rf.refs:
             correct = [r >= rf.threshold for r in self.score(examples, completions, prompts)]
         if correct is None:

@@ -33,6 +33,9 @@ Design decisions:
 
 from __future__ import annotations
 
+import contextlib
+import gzip
+import json
 import math
 import random
 import re
@@ -61,12 +64,56 @@ def _first_line(e: BaseException) -> str:
     return (lines[-1] if lines else type(e).__name__)[:300]
 
 
-def load_rows(source: str, split: str, config: str | None = None) -> list[dict]:
-    """The rows of ``split`` of ``source``: a data file, a ``save_to_disk`` folder, or a hub dataset id."""
+@contextlib.contextmanager
+def quiet_datasets():
+    """``datasets`` without its progress bars ("Generating train split") and log lines for the loads evolm
+    makes, so an error is evolm's one line, first; the caller's settings come back afterwards."""
+    import datasets
+
+    bars = datasets.utils.are_progress_bars_disabled()
+    level = datasets.logging.get_verbosity()
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)
     try:
-        import datasets
+        yield
+    finally:
+        datasets.logging.set_verbosity(level)
+        if not bars:
+            datasets.enable_progress_bars()
+
+
+def _bad_json_line(path: Path) -> str | None:
+    """``line N is not a JSON object (...)`` for the first such line of a JSON-lines file, else None."""
+    opener = gzip.open if path.name.lower().endswith(".gz") else open
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            for number, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as e:
+                    return f"line {number} is not a JSON object ({e.msg}, column {e.colno})"
+                if not isinstance(row, dict):
+                    return f"line {number} is not a JSON object (a {type(row).__name__})"
+    except (OSError, UnicodeDecodeError) as e:
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def load_rows(source: str, split: str, config: str | None = None) -> list[dict]:
+    """The rows of ``split`` of ``source``: a data file, a ``save_to_disk`` folder, or a hub dataset id
+    (``datasets`` kept quiet: ``quiet_datasets``)."""
+    try:
+        import datasets  # noqa: F401
     except ImportError:
         raise UserError("the dataset task reads its rows with the datasets package: pip install datasets") from None
+    with quiet_datasets():
+        return _load_rows(source, split, config)
+
+
+def _load_rows(source: str, split: str, config: str | None = None) -> list[dict]:
+    import datasets
 
     path = Path(str(source)).expanduser()
     try:
@@ -90,7 +137,9 @@ def load_rows(source: str, split: str, config: str | None = None) -> list[dict]:
     except UserError:
         raise
     except Exception as e:  # noqa: BLE001  (datasets raises many kinds for a file that does not parse)
-        raise UserError(f"cannot read {path}: {_first_line(e)}; fix the file (one JSON object per line for .jsonl)") from None
+        lines = path.name.lower().endswith((".jsonl", ".ndjson", ".jsonl.gz"))
+        where = (_bad_json_line(path) if lines else None) or _first_line(e)
+        raise UserError(f"cannot read {path}: {where}; fix the file (one JSON object per line for .jsonl)") from None
     from evolm.models import hub_reachable
 
     if not hub_reachable():
@@ -229,6 +278,11 @@ class DatasetRows(DatasetTask):
         return out
 
     # -- prompting ----------------------------------------------------------------------------------
+    def reward_prompt(self, example: Example) -> Any:
+        """TRL's ``prompts`` entry: a conversational row's messages as given (no system prompt added), else its text."""
+        given = example.meta.get("_messages")
+        return [dict(m) for m in given] if given is not None else example.question
+
     def messages(self, example: Example) -> list[dict[str, str]]:
         given = example.meta.get("_messages")
         if given is None:

