@@ -48,7 +48,7 @@ Design decisions:
   completions.
 
   ``TableNoise`` (Salimans et al. 2017, "Evolution Strategies as a Scalable Alternative to RL"; the
-  default): one table of i.i.d. N(0, 1) float32 values, generated once from the root seed. A member
+  default of low-rank members; ``es.noise = "auto"`` picks counter otherwise): one table of i.i.d. N(0, 1) float32 values, generated once from the root seed. A member
   (iteration, direction) gets one key-derived offset ``o`` into the table, and its noise over the flattened vector
   of selected parameters is the stretch ``table[o : o + P]`` (P = number of selected parameters):
   tensor k reads ``table[o + start_k : o + start_k + numel_k]``, a view that costs nothing to
