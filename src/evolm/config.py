@@ -887,7 +887,7 @@ model.threads=auto`` resolves one again on the resuming machine, and ``model.dty
 
 
 LEGACY_DEFAULTS = {"model.device": "cpu", "model.dtype": "float32", "model.threads": 1, "distributed.workers": 0,
-                   "generation.vllm_kv_cache_gb": 1.0, "generation.vllm_gpu_memory_utilization": 0.9}
+                   "generation.vllm_kv_cache_gb": 1.0, "generation.vllm_gpu_memory_utilization": 0.9, "es.noise": "table"}
 """The defaults of the fields that became "auto": what a run directory's config.toml that lacks one of
 them (written by an evolm older than the field) ran with (``config_changes``)."""
 
