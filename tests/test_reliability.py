@@ -466,7 +466,9 @@ def test_config_changes_compare_field_by_field_with_defaults_for_missing_ones():
     cfg = config.from_dict(config.ESJob, {}, ["es.sigma=0.002", "task.params.digits=3"])
     old = {"es": {"sigma": 0.001}, "task": {"params": {}}}  # an old config.toml lacking most fields
     assert config.config_changes(old, cfg) == {"es.sigma": {"old": 0.001, "new": 0.002},
-                                               "task.params.digits": {"old": None, "new": 3}}
+                                               "task.params.digits": {"old": None, "new": 3},
+                                               # es.noise became "auto" (counter); a config.toml without it ran the table
+                                               "es.noise": {"old": "table", "new": "counter"}}
     assert config.config_changes(config.to_dict(cfg), cfg) == {}
 
 
