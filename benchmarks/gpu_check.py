@@ -498,7 +498,7 @@ def check_noise_speed(args, model, device: str) -> dict:
     os.environ.pop("EVOLM_TRITON", None)
     if triton_ok:  # one 2^26-element tensor, Triton against torch ops bit for bit (noise, perturbed, updated)
         try:
-            from evolm.es.noise_triton import benchmark_counter_noise
+            from evolm.es.noise_speed import benchmark_counter_noise
 
             rows["triton_benchmark"] = benchmark_counter_noise(numel=1 << 26, members=n, device=device, repeats=3)
         except Exception as e:  # a compile error of the inline PTX is a finding, not a crash of the whole check

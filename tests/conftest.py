@@ -142,7 +142,7 @@ def make_tiny_model(tokenizer, seed: int = 0, hidden: int = 64, layers: int = 2)
 def tiny_es_cfg(tmp_path, *, population: int = 8, prompts: int = 8, iterations: int = 15, max_new_tokens: int = 8,
                 model_dtype: str | None = None, **es):
     """The ES job the loop tests run on a tiny model: run dir ``tmp_path/run``, no progress bar, no checkpoints,
-    no held-out evaluation, sigma 0.02 and lr 0.01 (a random 2-layer model learns the vowel task in a few
+    no held-out evaluation, table noise, sigma 0.02 and lr 0.01 (a random 2-layer model learns the vowel task in a few
     updates); ``es.*`` fields as keywords, ``model_dtype`` for a bf16 model."""
     from evolm import config
 
@@ -152,6 +152,7 @@ def tiny_es_cfg(tmp_path, *, population: int = 8, prompts: int = 8, iterations: 
     cfg.generation.max_new_tokens = max_new_tokens
     cfg.es.population, cfg.es.prompts_per_iteration, cfg.es.iterations = population, prompts, iterations
     cfg.es.sigma, cfg.es.lr = 0.02, 0.01
+    cfg.es.noise = "table"  # what these loop tests were calibrated on (es.noise's default became "auto": counter)
     if model_dtype:
         cfg.model.dtype = model_dtype
     for k, v in es.items():

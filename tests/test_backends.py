@@ -138,7 +138,7 @@ def test_vllm_backend_is_a_config_choice_and_explains_a_missing_install(tiny_mod
     with pytest.raises(ConfigError, match="generation.backend"):
         config.from_dict(config.ESJob, {}, ["generation.backend='sglang'"])
     with pytest.raises(ConfigError, match="generation.vllm_kv_cache_gb"):
-        config.from_dict(config.ESJob, {}, ["generation.vllm_kv_cache_gb=0"])
+        config.from_dict(config.ESJob, {}, ["generation.vllm_kv_cache_gb=-1"])  # 0 is allowed: vLLM sizes it (CUDA engines)
     with pytest.raises(ConfigError, match="generation.backend must be hf in a pipeline"):
         from evolm.pipeline import PipelineJob
 

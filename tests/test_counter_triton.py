@@ -34,7 +34,7 @@ def interpreter_checks() -> dict:
     import numpy as np
     import torch
 
-    from evolm.es import fused, noise_triton
+    from evolm.es import fused, noise_speed, noise_triton
     from evolm.es.noise import CounterNoise, counter_indices, quantile_table
     from evolm.es.params import ParamSet
 
@@ -182,7 +182,7 @@ def interpreter_checks() -> dict:
     # -- the timing function benchmarks/gpu_check.py calls runs, and compares the paths' bits ---------------
     triton_path()
     for dtype in (torch.float32, torch.bfloat16):
-        timed = noise_triton.benchmark_counter_noise(numel=3000, members=3, device="cpu", repeats=1, dtype=dtype)
+        timed = noise_speed.benchmark_counter_noise(numel=3000, members=3, device="cpu", repeats=1, dtype=dtype)
         report[f"benchmark_{dtype}"] = {"identical": timed.get("identical"), "restored_exact": timed["restored_exact"],
                                         "paths": [timed["torch"]["perturb_path"], timed["triton"]["perturb_path"]],
                                         "timed": all(timed[p][k] > 0 for p in ("torch", "triton")

@@ -89,3 +89,9 @@ def test_run_es_refuses_before_the_run_directory_exists(tmp_path, tiny_dir, monk
     with pytest.raises(ConfigError, match="use es.noise='counter'"):
         run_es(cfg, quiet=True)
     assert not (tmp_path / "fit").exists()
+
+
+def test_the_accounts_table_size_is_the_noise_tables():
+    from evolm.es.noise import TableNoise
+
+    assert TableNoise.default_size(1000) == 1000 + memory.TABLE_SLACK

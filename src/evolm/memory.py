@@ -29,6 +29,8 @@ import math
 from dataclasses import dataclass
 
 GiB = 2**30
+TABLE_SLACK = 2**25
+"""Entries of the default noise table beyond P (``evolm.es.noise.TableNoise.SLACK``; this module sits below ``es``)."""
 _BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
 
 
@@ -112,10 +114,8 @@ def es_account(cfg, shape: ModelShape, *, prompt_tokens: int = 128, cuda_here: b
     lines = [Line(engine, "weights" + (" (engine)" if vllm else ""), P * db)]
     if db != 4 and getattr(es, "arithmetic", "exact") == "exact":
         lines.append(Line(engine, "float32 masters", 4 * P))
-    if es.noise == "table":
-        from evolm.es.noise import TableNoise
-
-        lines.append(Line(engine, "noise table", 4 * (es.noise_table_size or TableNoise.default_size(P))))
+    if es.noise == "table":  # TableNoise.default_size(P): every parameter plus 2^25 member offsets (a test keeps them equal)
+        lines.append(Line(engine, "noise table", 4 * (es.noise_table_size or P + TABLE_SLACK)))
     tokens = prompt_tokens + gen.max_new_tokens
     members = es.population if es.perturbation == "lowrank" else 1
     if es.perturbation == "lowrank" and getattr(es, "member_batch", 0):

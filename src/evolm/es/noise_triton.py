@@ -34,7 +34,7 @@ Design decisions:
   for sm_80 and sm_90 by Triton's own LLVM and the ptxas it ships has no ``fma`` in its PTX and no
   ``FFMA`` in its SASS (``cuobjdump``), where the same kernels written with plain operators under Triton's
   default fusion have one FFMA per multiply-add. Either measure alone removes them. Not yet checked:
-  the bits on a real GPU (``benchmark_counter_noise`` compares them with the torch ops' when one is lent).
+  the bits on a real GPU (``evolm.es.noise_speed.benchmark_counter_noise`` compares them with the torch ops' when one is lent).
 - Chosen only for CUDA tensors when Triton imports (``usable``); ``EVOLM_TRITON=0`` turns it off (the
   torch ops then run, same bits, more launches). ``EVOLM_TRITON=interpret`` together with
   ``TRITON_INTERPRET=1`` lets CPU tensors take this path too, for the tests only: the CPU's own paths
@@ -312,79 +312,3 @@ def counter_update_triton(target: torch.Tensor, table: torch.Tensor, keys: list[
 
 
 # -- timing (for benchmarks/gpu_check.py) ----------------------------------------------------------
-
-def benchmark_counter_noise(numel: int = 1 << 26, members: int = 32, device: str = "cuda", repeats: int = 3,
-                            dtype: torch.dtype = torch.float32) -> dict:
-    """Counter noise's cost on ``device``, Triton kernels against the torch ops, on one random tensor of
-    ``numel`` elements through ``ParamSet`` (in place for float32, float32 masters for another ``dtype``):
-    ``fill_s`` = ``CounterNoise.values`` of the whole tensor, ``member_s`` = fill + perturb + restore (one
-    member's ES work), ``update_s`` = one update over ``members`` members (and per member); best of
-    ``repeats`` after a first, uncounted round (which compiles the kernels). ``identical``: whether both
-    paths gave the same bits (noise, perturbed weights, updated weights): on a GPU, the check of the
-    inline-PTX rounding. ``restored_exact``: restore gave back the weights bit for bit, per path. The torch
-    path runs with ``EVOLM_TRITON=0``; ``triton`` is None where the kernels cannot run (no triton, a CPU
-    tensor outside the tests' interpreter)."""
-    from evolm.es.noise import CounterNoise
-    from evolm.es.params import ParamSet
-
-    def synchronize():
-        if torch.device(device).type == "cuda":
-            torch.cuda.synchronize()
-
-    def same(a, b):
-        return bool(torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)))
-
-    torch.manual_seed(0)
-    base = (torch.randn(numel, dtype=torch.float32) * 0.02).to(device=device, dtype=dtype)
-    noise = CounterNoise(1234, device)
-    coefficients = [((-1) ** d) * (0.5 + d / members) for d in range(members)]
-    results, bits, restored = {}, {}, {}
-    saved = os.environ.get("EVOLM_TRITON")
-    try:
-        for path in ("torch", "triton"):
-            os.environ["EVOLM_TRITON"] = "0" if path == "torch" else (saved if saved not in (None, "0") else "1")
-            if path == "triton" and not usable(base.float(), noise.table):
-                results[path] = None
-                continue
-            weight = base.clone()
-            params = ParamSet.from_tensors(noise, [0], ["w"], [weight])
-            fill = torch.empty(numel, dtype=torch.float32, device=device)
-            fill_s, member_s, update_s = [], [], []
-            for r in range(repeats + 1):
-                synchronize()
-                t0 = time.perf_counter()
-                noise.values(noise.keys(r, 0, 0), 0, numel, out=fill)
-                synchronize()
-                t1 = time.perf_counter()
-                params.perturb(r, 0, 1, 1e-3)
-                if r == 0:
-                    perturbed = weight.clone()
-                params.restore()
-                synchronize()
-                t2 = time.perf_counter()
-                if r == 0:
-                    restored[path] = same(weight, base)
-                params.apply_update(r, coefficients, 1e-3)
-                synchronize()
-                t3 = time.perf_counter()
-                if r == 0:
-                    updated = params.masters[0] if params.masters is not None else weight
-                    bits[path] = {"noise": fill.clone(), "perturbed": perturbed, "updated": updated.clone()}
-                else:
-                    fill_s.append(t1 - t0)
-                    member_s.append(t2 - t0)
-                    update_s.append(t3 - t2)
-            results[path] = {"perturb_path": params.perturb_path, "fill_s": min(fill_s), "member_s": min(member_s),
-                             "update_s": min(update_s), "update_s_per_member": min(update_s) / members}
-    finally:
-        if saved is None:
-            os.environ.pop("EVOLM_TRITON", None)
-        else:
-            os.environ["EVOLM_TRITON"] = saved
-    out = {"numel": numel, "members": members, "device": str(device), "dtype": str(dtype).replace("torch.", ""),
-           "repeats": repeats, "triton_available": triton_available(), "restored_exact": restored, **results}
-    if results.get("triton"):
-        out["identical"] = {what: same(bits["torch"][what], bits["triton"][what]) for what in bits["torch"]}
-        out["speedup_member"] = results["torch"]["member_s"] / results["triton"]["member_s"]
-        out["speedup_update"] = results["torch"]["update_s"] / results["triton"]["update_s"]
-    return out
