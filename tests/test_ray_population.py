@@ -141,12 +141,12 @@ def test_gpu_capacity_and_a_private_instance_without_the_gpus_is_refused_before_
     assert gpu_capacity(1, 0.5) == 2 and gpu_capacity(2, 0.3) == 6 and gpu_capacity(4, 2) == 2 and gpu_capacity(3, 2) == 1
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     cfg = config.from_dict(config.ESJob, {}, ["distributed.workers=2", "distributed.gpus=1", f"run.out_dir='{tmp_path}'",
-                                              "run.name='r'"])
+                                              "run.name='r'", "generation.backend='vllm'"])  # GPUs: vLLM actors only
     with pytest.raises(UserError, match=r"distributed.workers=2 actors x distributed.gpus=1 GPU need more GPUs than this "
                                         r"machine's 0 \(room for 0 actors\); set distributed.workers <= 0"):
         check_local_gpus(cfg)
     check_local_gpus(config.from_dict(config.ESJob, {}, ["distributed.workers=2", "distributed.gpus=1",
-                                                         "distributed.address='auto'"]))  # a cluster: counted once joined
+                                                         "distributed.address='auto'", "generation.backend='vllm'"]))  # a cluster: counted once joined
     from evolm.jobs import run_es
 
     with pytest.raises(UserError, match="need more GPUs"):
@@ -157,23 +157,40 @@ def test_gpu_capacity_and_a_private_instance_without_the_gpus_is_refused_before_
 def test_a_ray_population_refuses_gpus_its_own_instance_lacks_and_warns_on_a_joined_cluster():
     from types import SimpleNamespace
 
-    from evolm.es.ray_population import DistributedError, RayPopulation
+    from evolm.es.ray_population import DistributedError, _check_gpus
 
-    population = RayPopulation.__new__(RayPopulation)  # only _check_gpus: Ray's resource count stubbed
-    population.ray = SimpleNamespace(cluster_resources=lambda: {"CPU": 2.0, "GPU": 1.0})
+    ray = SimpleNamespace(cluster_resources=lambda: {"CPU": 2.0, "GPU": 1.0})  # Ray's resource count stubbed
     said = []
-    population.say = said.append
-    dist = config.from_dict(config.ESJob, {}, ["distributed.workers=2", "distributed.gpus=1"]).distributed
-    population._owns_ray = True
+    dist = config.from_dict(config.ESJob, {}, ["distributed.workers=2", "distributed.gpus=1",
+                                              "generation.backend='vllm'"]).distributed  # GPUs: vLLM actors only
     with pytest.raises(DistributedError, match=r"need more GPUs than the 1 Ray sees \(room for 1 actors\); "
                                                r"set distributed.workers <= 1"):
-        population._check_gpus(dist)
-    population._owns_ray = False  # a cluster it joined may grow: said, not refused
-    population._check_gpus(dist)
-    assert len(said) == 1 and "warning" in said[0]
+        _check_gpus(ray, dist, True, said.append)
+    _check_gpus(ray, dist, False, said.append)  # a cluster it joined may grow: said, and the placement's wait decides
+    assert len(said) == 1 and "warning" in said[0] and "placement_timeout_s=60" in said[0]
     dist.gpus = 0.5  # two actors share the one GPU
-    population._check_gpus(dist)
+    _check_gpus(ray, dist, False, said.append)
     assert len(said) == 1
+
+
+def test_placement_arithmetic_names_what_is_missing():
+    from evolm.es.ray_population import bundles_on, cluster_threads, placement_shortfall
+
+    two_small = [{"CPU": 1.0}, {"CPU": 1.0}, {"memory": 1e9}]  # a head without CPUs and two 1-CPU nodes
+    assert bundles_on({"CPU": 5.0}, {"CPU": 2.0}) == 2 and bundles_on({"CPU": 4.0}, {"CPU": 1.0, "GPU": 1.0}) == 0
+    assert bundles_on({"CPU": 4.0, "GPU": 1.0}, {"CPU": 1.0, "GPU": 0.5}) == 2
+    assert cluster_threads(two_small, 2) == 1 and cluster_threads([{"CPU": 8.0}, {"CPU": 4.0}], 2) == 4
+    assert cluster_threads([{"CPU": 8.0}, {"CPU": 4.0}], 3) == 4 and cluster_threads([{"CPU": 8.0}], 3) == 2
+    assert cluster_threads(two_small, 3) == 1  # nothing fits: the shortfall says so
+    assert placement_shortfall(two_small, 2, {"CPU": 1.0}) is None
+    assert placement_shortfall(two_small, 2, {"CPU": 2.0}) == (
+        "distributed.workers=2 actors need 2 x {CPU: 2} but the cluster has 2 CPUs on 3 nodes (at most 1 per node): "
+        "room for 0 actors; set distributed.threads=1, or add nodes")
+    assert placement_shortfall(two_small, 3, {"CPU": 1.0}) == (
+        "distributed.workers=3 actors need 3 x {CPU: 1} but the cluster has 2 CPUs on 3 nodes (at most 1 per node): "
+        "room for 2 actors; distributed.workers=2, or add nodes")
+    assert "1 GPUs on 2 nodes (at most 1 per node): room for 1 actor; distributed.workers=1" in placement_shortfall(
+        [{"CPU": 4.0, "GPU": 1.0}, {"CPU": 4.0}], 2, {"CPU": 1.0, "GPU": 1.0})
 
 
 def test_checksums_cover_masters_and_generation_weights(tokenizer):
@@ -283,7 +300,7 @@ def _cfg(root: Path, spec: Path, workers: int, **overrides) -> config.ESJob:
 def _run(cfg, task, **kw):
     from evolm.jobs import run_es
 
-    return run_es(cfg, task=task, quiet=True, **kw)
+    return run_es(cfg, task=task, **{"quiet": True, **kw})
 
 
 def _final(run) -> dict[str, torch.Tensor]:
