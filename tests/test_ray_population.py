@@ -471,10 +471,11 @@ a lock standing for its GPU (test_ray_cluster.py starts it from Ray actors)."""
 
 START_ENGINE = """
 import multiprocessing, os, sys, time
-from evolm.backends.vllm import mark_engine_parent
+from evolm.backends import vllm
 if sys.argv[2] == "mark":
-    mark_engine_parent()  # what VLLMGenerator does before vLLM starts its engine
-engine = multiprocessing.get_context("spawn").Process(target=exec, args=(sys.argv[1],))  # as vLLM starts it
+    vllm.mark_engine_parent()  # what VLLMGenerator does before vLLM starts its engine
+    vllm._engine_starting = True  # ... and while it starts it
+engine = multiprocessing.get_context(sys.argv[3]).Process(target=exec, args=(sys.argv[1],))  # as vLLM starts it
 engine.start()
 print(engine.pid, flush=True)
 time.sleep(600)
@@ -511,16 +512,20 @@ def test_an_engine_process_dies_with_the_process_that_started_it(tmp_path):
     """The driver of a local vLLM run, killed with SIGKILL, used to leave its engine running (no Ray to clean
     up); the same holds for Ray actors on nodes without Ray's process-group clean-up (test_ray_cluster.py)."""
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
-    for mark in ("no-mark", "mark"):  # before the fix, and with it
-        lock = tmp_path / f"gpu-{mark}"
-        parent = subprocess.Popen([sys.executable, "-c", START_ENGINE, STAND_IN_ENGINE.format(lock=str(lock)), mark],
+    # spawned (vLLM on the CPU, in Ray actors, after CUDA): the stand-in arms as it imports evolm.es.vllm_worker,
+    # as vLLM's engine core does through evolm's vllm.general_plugins entry point; forked: the fork hook arms it
+    forked = STAND_IN_ENGINE.replace("import evolm.es.vllm_worker", "pass")  # a forked engine core imports nothing
+    for mark, method in (("no-mark", "spawn"), ("mark", "spawn"), ("no-mark", "fork"), ("mark", "fork")):
+        lock = tmp_path / f"gpu-{mark}-{method}"
+        stand_in = (STAND_IN_ENGINE if method == "spawn" else forked).format(lock=str(lock))
+        parent = subprocess.Popen([sys.executable, "-c", START_ENGINE, stand_in, mark, method],
                                   stdout=subprocess.PIPE, text=True, env=env)
         engine = int(parent.stdout.readline())
         assert engine_holding(lock) == engine
         parent.kill()
         parent.wait()
         try:
-            assert gone(engine, seconds=10) == (mark == "mark"), f"{mark}: the engine outlived its parent"
+            assert gone(engine, seconds=10) == (mark == "mark"), f"{mark}, {method}: the engine outlived its parent"
         finally:
             if not gone(engine, seconds=0):
                 os.kill(engine, signal.SIGKILL)
@@ -531,6 +536,8 @@ def test_die_with_parent_is_armed_only_in_engine_processes(monkeypatch):
 
     monkeypatch.delenv(vllm_backend.ENGINE_PARENT, raising=False)
     assert vllm_backend.die_with_parent() is False  # the driver, pytest, any process that is not an engine's
+    monkeypatch.setenv(vllm_backend.ENGINE_PARENT, str(os.getpid()))
+    assert vllm_backend.die_with_parent() is False  # the process that starts the engine (vLLM runs plugins there too)
     code = ("import os, sys; os.environ['EVOLM_ENGINE_PARENT'] = str(os.getppid());"
             "from evolm.backends.vllm import die_with_parent; print(die_with_parent())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,

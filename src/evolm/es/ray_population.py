@@ -85,8 +85,9 @@ Design decisions:
   (``check_local_gpus``) and again once connected; joining a cluster that has too few says so, and the
   placement's bounded wait decides.
 - **No orphaned engines.** A vLLM actor's engine processes die with it: ``VLLMGenerator`` marks its process
-  as the engine's parent and every engine process arms ``PR_SET_PDEATHSIG`` as it imports
-  ``evolm.es.vllm_worker`` (``backends.vllm.die_with_parent``), so an actor killed with SIGKILL, or whose
+  as the engine's parent and every engine process arms ``PR_SET_PDEATHSIG`` (``backends.vllm.die_with_parent``:
+  the engine core through evolm's ``vllm.general_plugins`` entry point, its workers as they import
+  ``evolm.es.vllm_worker``), so an actor killed with SIGKILL, or whose
   node's raylet died, does not leave an engine holding the GPU its replacement needs. (Ray 2.60's raylets
   also kill a dead worker's process group, unless turned off; older Rays do not.)
 """
