@@ -34,7 +34,7 @@ torch.set_num_threads(1)
 # files in collection order, so the files that take minutes are put first: the short ones then fill in
 # at the end instead of one long file running alone. A scheduling hint only; a file not listed keeps
 # its place after these.
-LONG_FILES = ("test_ray_population.py", "test_custom_tasks.py", "test_examples.py", "test_lowrank.py",
+LONG_FILES = ("test_ray_population.py", "test_ray_cluster.py", "test_custom_tasks.py", "test_examples.py", "test_lowrank.py",
               "test_embedded_real.py", "test_real_model.py", "test_trainer.py", "test_study.py", "test_pipeline.py",
               "test_es.py", "test_faults.py", "test_reliability.py", "test_trackers.py", "test_validity.py",
               "test_report.py", "test_sweep.py")

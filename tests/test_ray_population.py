@@ -141,12 +141,12 @@ def test_gpu_capacity_and_a_private_instance_without_the_gpus_is_refused_before_
     assert gpu_capacity(1, 0.5) == 2 and gpu_capacity(2, 0.3) == 6 and gpu_capacity(4, 2) == 2 and gpu_capacity(3, 2) == 1
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     cfg = config.from_dict(config.ESJob, {}, ["distributed.workers=2", "distributed.gpus=1", f"run.out_dir='{tmp_path}'",
-                                              "run.name='r'"])
+                                              "run.name='r'", "generation.backend='vllm'"])  # GPUs: vLLM actors only
     with pytest.raises(UserError, match=r"distributed.workers=2 actors x distributed.gpus=1 GPU need more GPUs than this "
                                         r"machine's 0 \(room for 0 actors\); set distributed.workers <= 0"):
         check_local_gpus(cfg)
     check_local_gpus(config.from_dict(config.ESJob, {}, ["distributed.workers=2", "distributed.gpus=1",
-                                                         "distributed.address='auto'"]))  # a cluster: counted once joined
+                                                         "distributed.address='auto'", "generation.backend='vllm'"]))  # a cluster: counted once joined
     from evolm.jobs import run_es
 
     with pytest.raises(UserError, match="need more GPUs"):
@@ -157,23 +157,40 @@ def test_gpu_capacity_and_a_private_instance_without_the_gpus_is_refused_before_
 def test_a_ray_population_refuses_gpus_its_own_instance_lacks_and_warns_on_a_joined_cluster():
     from types import SimpleNamespace
 
-    from evolm.es.ray_population import DistributedError, RayPopulation
+    from evolm.es.ray_population import DistributedError, _check_gpus
 
-    population = RayPopulation.__new__(RayPopulation)  # only _check_gpus: Ray's resource count stubbed
-    population.ray = SimpleNamespace(cluster_resources=lambda: {"CPU": 2.0, "GPU": 1.0})
+    ray = SimpleNamespace(cluster_resources=lambda: {"CPU": 2.0, "GPU": 1.0})  # Ray's resource count stubbed
     said = []
-    population.say = said.append
-    dist = config.from_dict(config.ESJob, {}, ["distributed.workers=2", "distributed.gpus=1"]).distributed
-    population._owns_ray = True
+    dist = config.from_dict(config.ESJob, {}, ["distributed.workers=2", "distributed.gpus=1",
+                                              "generation.backend='vllm'"]).distributed  # GPUs: vLLM actors only
     with pytest.raises(DistributedError, match=r"need more GPUs than the 1 Ray sees \(room for 1 actors\); "
                                                r"set distributed.workers <= 1"):
-        population._check_gpus(dist)
-    population._owns_ray = False  # a cluster it joined may grow: said, not refused
-    population._check_gpus(dist)
-    assert len(said) == 1 and "warning" in said[0]
+        _check_gpus(ray, dist, True, said.append)
+    _check_gpus(ray, dist, False, said.append)  # a cluster it joined may grow: said, and the placement's wait decides
+    assert len(said) == 1 and "warning" in said[0] and "placement_timeout_s=60" in said[0]
     dist.gpus = 0.5  # two actors share the one GPU
-    population._check_gpus(dist)
+    _check_gpus(ray, dist, False, said.append)
     assert len(said) == 1
+
+
+def test_placement_arithmetic_names_what_is_missing():
+    from evolm.es.ray_population import bundles_on, cluster_threads, placement_shortfall
+
+    two_small = [{"CPU": 1.0}, {"CPU": 1.0}, {"memory": 1e9}]  # a head without CPUs and two 1-CPU nodes
+    assert bundles_on({"CPU": 5.0}, {"CPU": 2.0}) == 2 and bundles_on({"CPU": 4.0}, {"CPU": 1.0, "GPU": 1.0}) == 0
+    assert bundles_on({"CPU": 4.0, "GPU": 1.0}, {"CPU": 1.0, "GPU": 0.5}) == 2
+    assert cluster_threads(two_small, 2) == 1 and cluster_threads([{"CPU": 8.0}, {"CPU": 4.0}], 2) == 4
+    assert cluster_threads([{"CPU": 8.0}, {"CPU": 4.0}], 3) == 4 and cluster_threads([{"CPU": 8.0}], 3) == 2
+    assert cluster_threads(two_small, 3) == 1  # nothing fits: the shortfall says so
+    assert placement_shortfall(two_small, 2, {"CPU": 1.0}) is None
+    assert placement_shortfall(two_small, 2, {"CPU": 2.0}) == (
+        "distributed.workers=2 actors need 2 x {CPU: 2} but the cluster has 2 CPUs on 3 nodes (at most 1 per node): "
+        "room for 0 actors; set distributed.threads=1, or add nodes")
+    assert placement_shortfall(two_small, 3, {"CPU": 1.0}) == (
+        "distributed.workers=3 actors need 3 x {CPU: 1} but the cluster has 2 CPUs on 3 nodes (at most 1 per node): "
+        "room for 2 actors; distributed.workers=2, or add nodes")
+    assert "1 GPUs on 2 nodes (at most 1 per node): room for 1 actor; distributed.workers=1" in placement_shortfall(
+        [{"CPU": 4.0, "GPU": 1.0}, {"CPU": 4.0}], 2, {"CPU": 1.0, "GPU": 1.0})
 
 
 def test_checksums_cover_masters_and_generation_weights(tokenizer):
@@ -283,7 +300,7 @@ def _cfg(root: Path, spec: Path, workers: int, **overrides) -> config.ESJob:
 def _run(cfg, task, **kw):
     from evolm.jobs import run_es
 
-    return run_es(cfg, task=task, quiet=True, **kw)
+    return run_es(cfg, task=task, **{"quiet": True, **kw})
 
 
 def _final(run) -> dict[str, torch.Tensor]:
@@ -437,6 +454,95 @@ def test_the_driver_copy_waits_for_sync_and_is_checked_against_the_actors(tmp_pa
             population.sync()
     finally:
         population.close()
+
+
+# -- an engine's processes die with the process that started it ------------------------------------------
+
+STAND_IN_ENGINE = """
+import fcntl, os, sys, time
+import evolm.es.vllm_worker  # what vLLM imports in every engine process as it starts
+gpu = open({lock!r}, "w")
+fcntl.flock(gpu, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the GPU: a second engine cannot start while this one holds it
+open({lock!r} + ".held", "w").write(str(os.getpid()))
+time.sleep(600)
+"""
+"""A stand-in for a vLLM engine process: it imports what vLLM's engine processes import of evolm, then holds
+a lock standing for its GPU (test_ray_cluster.py starts it from Ray actors)."""
+
+START_ENGINE = """
+import multiprocessing, os, sys, time
+from evolm.backends import vllm
+if sys.argv[2] == "mark":
+    vllm.mark_engine_parent()  # what VLLMGenerator does before vLLM starts its engine
+    vllm._engine_starting = True  # ... and while it starts it
+engine = multiprocessing.get_context(sys.argv[3]).Process(target=exec, args=(sys.argv[1],))  # as vLLM starts it
+engine.start()
+print(engine.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def engine_holding(lock: Path, seconds: float = 60) -> int:
+    """The pid of the stand-in engine once it holds the lock (the "GPU")."""
+    held = Path(f"{lock}.held")
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if held.exists() and held.read_text():
+            return int(held.read_text())
+        time.sleep(0.1)
+    raise AssertionError(f"no engine took {lock} within {seconds:.0f} s")
+
+
+def gone(pid: int, seconds: float = 20) -> bool:
+    """Whether process ``pid`` ends (or is a zombie) within ``seconds``."""
+    import psutil
+
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_an_engine_process_dies_with_the_process_that_started_it(tmp_path):
+    """The driver of a local vLLM run, killed with SIGKILL, used to leave its engine running (no Ray to clean
+    up); the same holds for Ray actors on nodes without Ray's process-group clean-up (test_ray_cluster.py)."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    # spawned (vLLM on the CPU, in Ray actors, after CUDA): the stand-in arms as it imports evolm.es.vllm_worker,
+    # as vLLM's engine core does through evolm's vllm.general_plugins entry point; forked: the fork hook arms it
+    forked = STAND_IN_ENGINE.replace("import evolm.es.vllm_worker", "pass")  # a forked engine core imports nothing
+    for mark, method in (("no-mark", "spawn"), ("mark", "spawn"), ("no-mark", "fork"), ("mark", "fork")):
+        lock = tmp_path / f"gpu-{mark}-{method}"
+        stand_in = (STAND_IN_ENGINE if method == "spawn" else forked).format(lock=str(lock))
+        parent = subprocess.Popen([sys.executable, "-c", START_ENGINE, stand_in, mark, method],
+                                  stdout=subprocess.PIPE, text=True, env=env)
+        engine = int(parent.stdout.readline())
+        assert engine_holding(lock) == engine
+        parent.kill()
+        parent.wait()
+        try:
+            assert gone(engine, seconds=10) == (mark == "mark"), f"{mark}, {method}: the engine outlived its parent"
+        finally:
+            if not gone(engine, seconds=0):
+                os.kill(engine, signal.SIGKILL)
+
+
+def test_die_with_parent_is_armed_only_in_engine_processes(monkeypatch):
+    from evolm.backends import vllm as vllm_backend
+
+    monkeypatch.delenv(vllm_backend.ENGINE_PARENT, raising=False)
+    assert vllm_backend.die_with_parent() is False  # the driver, pytest, any process that is not an engine's
+    monkeypatch.setenv(vllm_backend.ENGINE_PARENT, str(os.getpid()))
+    assert vllm_backend.die_with_parent() is False  # the process that starts the engine (vLLM runs plugins there too)
+    code = ("import os, sys; os.environ['EVOLM_ENGINE_PARENT'] = str(os.getppid());"
+            "from evolm.backends.vllm import die_with_parent; print(die_with_parent())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")})
+    assert out.stdout.strip() == "True", out.stderr[-2000:]
 
 
 # -- the command line, with its own private Ray, on the real model -----------------------------------

@@ -286,3 +286,58 @@ def test_a_bf16_driver_holds_no_masters_of_its_own(setup):
             params.local.perturb(0, 0, 1, 1e-3)
     finally:
         generator.close()
+
+
+ENGINE_PARENT = """
+import sys, time
+
+
+def main():
+    import psutil
+    import torch
+
+    torch.set_num_threads(1)
+    from evolm import models
+    from evolm.backends.vllm import VLLMGenerator
+
+    model, tok = models.load(models.DEFAULT_MODEL, threads=1)
+    generator = VLLMGenerator(model, tok, threads=1)
+    print("ENGINE_PIDS", *(p.pid for p in psutil.Process().children(recursive=True)), flush=True)
+    time.sleep(600)
+
+
+if __name__ == "__main__":  # vLLM spawns its engine core on the CPU: the main module is imported again there
+    main()
+"""
+
+
+def test_a_killed_parent_leaves_no_engine_process(tmp_path):
+    """SIGKILL the process that started an engine: vLLM's engine core and its worker go with it (they arm
+    PR_SET_PDEATHSIG through evolm's vllm.general_plugins entry point and evolm.es.vllm_worker). Before,
+    both kept running (seen: VLLM::EngineCore and VLLM::Worker left after their parent was killed)."""
+    import importlib.metadata
+    import os
+    import signal
+    import time
+
+    import psutil
+
+    plugins = {e.value for e in importlib.metadata.entry_points(group="vllm.general_plugins")}
+    assert "evolm.backends.vllm:die_with_parent" in plugins, "evolm's entry points are stale: reinstall it (make vllm)"
+    script = tmp_path / "parent.py"
+    script.write_text(ENGINE_PARENT)
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        line = next((line for line in parent.stdout if line.startswith("ENGINE_PIDS")), "")
+        engine = [int(pid) for pid in line.split()[1:]]
+        assert engine, "the engine started no process"
+    finally:
+        parent.kill()
+        parent.wait()
+    deadline, left = time.time() + 20, engine
+    while left and time.time() < deadline:
+        left = [p for p in engine if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        time.sleep(0.2)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"engine processes outlived their parent: {left}"

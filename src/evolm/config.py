@@ -336,12 +336,15 @@ class DistributedConfig:
     """GPUs Ray reserves per actor (a fraction shares one GPU); needed with model.device = "cuda", where each actor uses the GPU Ray assigns it, and for vLLM actors on CUDA, whose engines take it (their models and the driver's stay on the CPU)."""
     max_restarts: int = 3
     """Replacement actors started over the whole run for actors that die (their unfinished members are rescored); past that a dead actor is dropped and the rest carry on."""
+    placement_timeout_s: float = 60.0
+    """Seconds to wait for the cluster to reserve every actor's CPUs (and GPUs) before anything loads (one Ray placement group, a bundle per actor), and to place a replacement's bundle again after a node is lost. Past it the run stops in one line naming what is missing; a cluster that grows on demand (an autoscaler) may need more."""
 
     def validate(self, p: str) -> None:
         require(self.workers == AUTO or self.workers >= 0, f"{p}.workers must be >= 0 or 'auto' (got {self.workers})")
         require(self.threads >= 0, f"{p}.threads must be >= 0 (got {self.threads})")
         require(self.gpus >= 0, f"{p}.gpus must be >= 0 (got {self.gpus})")
         require(self.max_restarts >= 0, f"{p}.max_restarts must be >= 0 (got {self.max_restarts})")
+        require(self.placement_timeout_s > 0, f"{p}.placement_timeout_s must be > 0 (got {self.placement_timeout_s})")
         address = self.address.strip()
         require(address in ("", "auto") or address.startswith("ray://") or _host_port(address),
                 f"{p}.address must be \"\" (a private local Ray), \"auto\", \"ray://HOST:PORT\" or HOST:PORT (got '{self.address}')")
@@ -875,6 +878,7 @@ RESUME_MAY_CHANGE = ("run.name", "run.out_dir", "run.checkpoint_every", "run.kee
                      "eval.before_after", "probe.every", "run.save", "run.save_dtype", "run.report_to",
                      "run.tracker_project", "run.wandb_mode", "distributed.workers", "distributed.address",
                      "distributed.threads", "distributed.gpus", "distributed.max_restarts",
+                     "distributed.placement_timeout_s",
                      "generation.vllm_kv_cache_gb", "generation.vllm_max_model_len", "generation.vllm_enforce_eager",
                      "generation.vllm_gpu_memory_utilization")
 """Fields ``--resume`` may change besides a job's budget: where, how often and in what dtype the run saves,

@@ -464,35 +464,41 @@ def run_es(cfg, resume=None, *, model=None, tokenizer=None, task: Task | None = 
         if point.done:  # before loading anything
             return open_run(cfg, es_engine.METHOD, resume=resume, rules=ES_RESUME, say=say)[0]
         check_replay_resume(cfg, resume, point)
-    comps = build_components(cfg, model=model, tokenizer=tokenizer, task=task, generator=generator)
-    es_engine.check_training_data(cfg, comps.task)
-    check_rewards(comps.task, comps.tokenizer)
-    check_measurements(cfg, comps.task, probe_given=probe is not None)
-    header = es_engine.seed_log_header(resume.seed_log()) if resume is not None else None
-    # refuses a selection that matches nothing, or a config that is not the resumed run's, before any file changes
-    # a vLLM generator wraps the ParamSet so that members are perturbed inside its engine; with vLLM actors
-    # (backends.actors_generate) the driver's generator is HF and each actor wraps its own engine's
-    es_engine.check_memory(comps.model, cfg)  # masters and noise table beside the model: refused before allocating
-    params = es_engine.build_paramset(comps.model, cfg, header, comps.generator)
-    run, start = open_run(cfg, es_engine.METHOD, resume=resume, run_dir=run_dir, rules=ES_RESUME, say=say,
-                          model=comps.model, injected=model is not None)
-    record_plugins(run, comps.task)
-    say(f"[evolm] run directory: {run.path}")
-    say(f"[evolm] {config_mod.parallelism(cfg)}")
-    for note in getattr(cfg, "auto_notes", []):  # the generation dtype "auto" chose (bf16 on CUDA and AMX CPUs)
-        if note.startswith("model.dtype = bfloat16"):
-            say(f"[evolm] {note}")
-    with marking_failures(run), tracking(cfg, run, es_engine.METHOD, start):
-        probe = start_measurements(cfg, comps, run, start, es_engine.METHOD, probe=probe, eval_before=eval_before, say=say)
-        factory = population_factory
-        if cfg.distributed.workers >= 2:  # K Ray actors (evolm.es.ray_population): they need the model's source
-            factory = ray_population.factory(comps, run, checkpoint=start.checkpoint, header=header,
-                                             injected=model is not None, say=say)
-        result = es_engine.train(cfg, comps, run, start, params, probe=probe, callbacks=callbacks, say=say, quiet=quiet,
-                                 population_factory=factory)
-        finish_run(cfg, comps, run, es_engine.METHOD, result, probe=probe, say=say)
-    if generator is None:  # built here: release it (a vLLM engine's processes)
-        comps.generator.close()
+    # the actors' CPUs (and GPUs) on the Ray cluster, reserved before anything loads, or refused in one line
+    placement = ray_population.reserve(cfg, say) if cfg.distributed.workers >= 2 else None
+    try:
+        comps = build_components(cfg, model=model, tokenizer=tokenizer, task=task, generator=generator)
+        es_engine.check_training_data(cfg, comps.task)
+        check_rewards(comps.task, comps.tokenizer)
+        check_measurements(cfg, comps.task, probe_given=probe is not None)
+        header = es_engine.seed_log_header(resume.seed_log()) if resume is not None else None
+        # refuses a selection that matches nothing, or a config that is not the resumed run's, before any file changes
+        # a vLLM generator wraps the ParamSet so that members are perturbed inside its engine; with vLLM actors
+        # (backends.actors_generate) the driver's generator is HF and each actor wraps its own engine's
+        es_engine.check_memory(comps.model, cfg)  # masters and noise table beside the model: refused before allocating
+        params = es_engine.build_paramset(comps.model, cfg, header, comps.generator)
+        run, start = open_run(cfg, es_engine.METHOD, resume=resume, run_dir=run_dir, rules=ES_RESUME, say=say,
+                              model=comps.model, injected=model is not None)
+        record_plugins(run, comps.task)
+        say(f"[evolm] run directory: {run.path}")
+        say(f"[evolm] {config_mod.parallelism(cfg)}")
+        for note in getattr(cfg, "auto_notes", []):  # the generation dtype "auto" chose (bf16 on CUDA and AMX CPUs)
+            if note.startswith("model.dtype = bfloat16"):
+                say(f"[evolm] {note}")
+        with marking_failures(run), tracking(cfg, run, es_engine.METHOD, start):
+            probe = start_measurements(cfg, comps, run, start, es_engine.METHOD, probe=probe, eval_before=eval_before, say=say)
+            factory = population_factory
+            if cfg.distributed.workers >= 2:  # K Ray actors (evolm.es.ray_population): they need the model's source
+                factory = ray_population.factory(comps, run, checkpoint=start.checkpoint, header=header,
+                                                 injected=model is not None, placement=placement, say=say)
+            result = es_engine.train(cfg, comps, run, start, params, probe=probe, callbacks=callbacks, say=say, quiet=quiet,
+                                     population_factory=factory)
+            finish_run(cfg, comps, run, es_engine.METHOD, result, probe=probe, say=say)
+        if generator is None:  # built here: release it (a vLLM engine's processes)
+            comps.generator.close()
+    finally:
+        if placement is not None:
+            placement.release()
     return run
 
 

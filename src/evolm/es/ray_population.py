@@ -47,7 +47,7 @@ Design decisions:
   CPU (``model.device = "cuda"`` is refused so the driver cannot take GPU 0). ``close`` asks every
   actor to shut its generator down (an engine's processes) before killing it.
 - **Same arithmetic everywhere.** Actors use the driver's torch thread count (``distributed.threads``,
-  default ``model.threads``) and its ``EVOLM_FUSED`` choice; the driver builds the fused CPU kernel
+  default ``model.threads``; from the cluster for ``"auto"`` when joining one, below) and its ``EVOLM_FUSED`` choice; the driver builds the fused CPU kernel
   (``evolm.es.fused``) before any actor starts, so actors on its machine only load it (the kernel and
   the torch ops give bit-identical perturbations anyway: ``params.PERTURB_ARITHMETIC``). With the
   same threads, a run with K actors reaches bit-identical weights, fitnesses and seed log to a local
@@ -65,13 +65,31 @@ Design decisions:
   memory (pipelines, tests), a copy the driver writes once into ``<run>/replica_init/`` and deletes on
   ``close``. On a multi-node cluster these paths must be readable from every node (a shared
   filesystem) and evolm, with the same torch and NumPy versions, must be installed on every node.
+- **Placement that cannot hang.** Before anything loads (``jobs.run_es`` calls ``reserve``), one Ray placement
+  group reserves a bundle per actor (``{"CPU": threads}``, plus ``"GPU": distributed.gpus``), spread over the
+  nodes, and waits at most ``distributed.placement_timeout_s`` for it; what does not fit is one line naming
+  the bundle, what the cluster has (per node too) and the settings that would fit. Actors, replacements
+  included, go into free bundles (``PlacementGroupSchedulingStrategy``). A replacement for an actor whose
+  node was lost starts once Ray has placed that node's bundle again (on a node with room), within the same
+  bound, else the run carries on without it. No memory is reserved: an actor's footprint is not known before it
+  loads, and Ray's ``memory`` resource is a number it never enforces. ``model.threads = "auto"`` on a cluster
+  (not a private instance, which is sized from the threads) gives every actor the most CPUs with which all
+  of them fit (``cluster_threads``), the same count for all (a sampled logit's last bits depend on it), and
+  each actor reads its count from Ray (``assigned_cpus``) instead of taking the driver's core count.
 - **Ray itself.** ``distributed.address = ""`` starts a private local instance (``address="local"``,
   so a cluster started with ``ray start`` on the machine is never joined by accident; no dashboard;
   ``workers x threads`` CPUs; a small object store, since only scalars and prompts travel; actors at the
   driver's priority, ``WORKER_NICENESS``) and shuts it down on ``close``; ``"auto"``, ``"ray://..."`` or ``HOST:PORT`` join an existing cluster. A Ray
   already initialised in the process (a notebook, a test fixture) is used as it is and left running.
   GPUs a private instance does not have are refused in one line before anything loads
-  (``check_local_gpus``) and again once connected; joining a cluster that has too few says so.
+  (``check_local_gpus``) and again once connected; joining a cluster that has too few says so, and the
+  placement's bounded wait decides.
+- **No orphaned engines.** A vLLM actor's engine processes die with it: ``VLLMGenerator`` marks its process
+  as the engine's parent and every engine process arms ``PR_SET_PDEATHSIG`` (``backends.vllm.die_with_parent``:
+  the engine core through evolm's ``vllm.general_plugins`` entry point, its workers as they import
+  ``evolm.es.vllm_worker``), so an actor killed with SIGKILL, or whose
+  node's raylet died, does not leave an engine holding the GPU its replacement needs. (Ray 2.60's raylets
+  also kill a dead worker's process group, unless turned off; older Rays do not.)
 """
 
 from __future__ import annotations
@@ -160,6 +178,52 @@ def check_local_gpus(cfg) -> None:
                         "distributed.gpus to share a GPU (0.5: two actors per GPU)")
 
 
+def bundles_on(node: dict, bundle: dict) -> int:
+    """How many actor bundles (``{"CPU": c, "GPU": g}``) fit on a node with resources ``node`` (Ray's totals)."""
+    fits = []
+    for name, amount in bundle.items():
+        have = float(node.get(name, 0.0))
+        fits.append(gpu_capacity(have, amount) if name == "GPU" else math.floor(have / amount + 1e-9))
+    return min(fits) if fits else 0
+
+
+def cluster_threads(nodes: list[dict], workers: int, gpus: float = 0.0) -> int:
+    """The most CPUs per actor (its torch threads) with which ``workers`` equal bundles fit on ``nodes``; 1
+    when none does (the placement then says what is missing). Every actor gets the same count: a sampled
+    logit's last bits depend on the thread count, so actors with different counts would score the same
+    member differently."""
+    most = max((int(n.get("CPU", 0)) for n in nodes), default=1)
+    for c in range(most, 0, -1):
+        bundle = {"CPU": c, **({"GPU": gpus} if gpus else {})}
+        if sum(bundles_on(n, bundle) for n in nodes) >= workers:
+            return c
+    return 1
+
+
+def placement_shortfall(nodes: list[dict], workers: int, bundle: dict) -> str | None:
+    """One line saying why ``workers`` bundles do not fit on ``nodes`` (None when they do), with the
+    settings that would fit."""
+    room = sum(bundles_on(n, bundle) for n in nodes)
+    if room >= workers:
+        return None
+    need = ", ".join(f"{k}: {v:g}" for k, v in bundle.items())
+    have = []
+    for name in bundle:
+        amounts = [float(n.get(name, 0.0)) for n in nodes]
+        have.append(f"{sum(amounts):g} {name}s on {len(nodes)} node{'s' if len(nodes) != 1 else ''} "
+                    f"(at most {max(amounts, default=0):g} per node)")
+    fixes = []
+    gpus = bundle.get("GPU", 0.0)
+    threads = cluster_threads(nodes, workers, gpus)
+    if threads < bundle.get("CPU", 0) and sum(bundles_on(n, {**bundle, "CPU": threads}) for n in nodes) >= workers:
+        fixes.append(f"set distributed.threads={threads}")
+    if room:
+        fixes.append(f"distributed.workers={room}")
+    fixes.append("add nodes")
+    return (f"distributed.workers={workers} actors need {workers} x {{{need}}} but the cluster has {', '.join(have)}: "
+            f"room for {room} actor{'s' if room != 1 else ''}; {', or '.join(fixes)}")
+
+
 def first_mismatch(names: list[str], expected: list[int], got: list[int]) -> str | None:
     """The first tensor whose checksum differs (or a length message), None when all agree."""
     if len(expected) != len(got):
@@ -168,6 +232,11 @@ def first_mismatch(names: list[str], expected: list[int], got: list[int]) -> str
         if a != b:
             return name
     return None
+
+
+def _one_or_all(values: set):
+    """The value when all agree, else all of them sorted (a metrics field)."""
+    return next(iter(values)) if len(values) == 1 else sorted(values)
 
 
 def actor_failure(error: BaseException) -> str:
@@ -204,7 +273,8 @@ class ReplicaRecipe:
     replay: list[tuple[int, list[float], float]] = field(default_factory=list)
     """Updates ``(iteration, coefficients, scale)`` applied since ``checkpoint`` (or the spec), in order."""
     threads: int = 1
-    """torch threads of the actor."""
+    """torch threads of the actor; 0: the CPUs Ray assigned it (its placement bundle's, ``model.threads = "auto"``
+    on a cluster)."""
     fused: bool = False
     """Whether the driver perturbs with the fused CPU kernel (the actor must use the same path)."""
 
@@ -221,6 +291,8 @@ class Replica:
         t0 = time.perf_counter()
         os.environ["EVOLM_FUSED"] = "1" if recipe.fused else "0"
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        self.threads = recipe.threads or assigned_cpus()
+        recipe = replace(recipe, threads=self.threads)
         torch.set_num_threads(recipe.threads)
         cfg = recipe.cfg
         g = cfg.generation
@@ -251,7 +323,8 @@ class Replica:
         self.seconds_start = time.perf_counter() - t0
 
     def ready(self) -> dict:
-        return {"pid": os.getpid(), "host": socket.gethostname(), "fused": self.fused,
+        return {"pid": os.getpid(), "host": socket.gethostname(), "node": _node_id(), "threads": self.threads,
+                "fused": self.fused,
                 "checksum": weights_checksum(self.population.params), "seconds_start": self.seconds_start}
 
     def score(self, iteration: int, direction: int, sign: int, sigma: float, batch) -> dict:
@@ -268,6 +341,25 @@ class Replica:
     def close(self) -> None:
         """Release the generator (a vLLM engine's processes) before the actor is killed."""
         self.generator.close()
+
+
+def assigned_cpus() -> int:
+    """The CPUs Ray assigned this actor (its placement bundle's); 1 outside Ray."""
+    try:
+        import ray
+
+        return max(1, int(ray.get_runtime_context().get_assigned_resources().get("CPU", 1)))
+    except Exception:  # not in a Ray worker
+        return 1
+
+
+def _node_id() -> str:
+    try:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+    except Exception:  # not in a Ray worker
+        return ""
 
 
 def _check_engine_device(cfg) -> None:
@@ -312,41 +404,154 @@ def _connect(ray, address: str, num_cpus: int) -> bool:
     return True
 
 
+def threads_auto(cfg) -> bool:
+    """Whether the actors' thread count is the user's ``"auto"``: ``distributed.threads`` unset and
+    ``model.threads`` resolved by ``config.resolve_auto`` (its notes name the fields it resolved)."""
+    return not cfg.distributed.threads and any(n.startswith("model.threads = ") for n in getattr(cfg, "auto_notes", []))
+
+
+def _check_gpus(ray, dist, owns_ray: bool, say: Callable[..., None]) -> None:
+    """GPUs a private instance does not have are refused in one line (its count is this machine's); a
+    cluster that was joined may grow, so it is said and the placement's bounded wait decides."""
+    if not dist.gpus:
+        return
+    have = float(ray.cluster_resources().get("GPU", 0))
+    fit = gpu_capacity(have, dist.gpus)
+    if fit >= dist.workers:
+        return
+    message = (f"distributed.workers={dist.workers} actors x distributed.gpus={dist.gpus:g} GPU need more GPUs than "
+               f"the {have:g} Ray sees (room for {fit} actors)")
+    if owns_ray:
+        raise DistributedError(f"{message}; set distributed.workers <= {fit}, or a smaller distributed.gpus "
+                               "to share a GPU (0.5: two actors per GPU)")
+    say(f"[evolm] warning: {message}; waiting up to distributed.placement_timeout_s={dist.placement_timeout_s:g} s "
+        "for the cluster to have them")
+
+
+@dataclass
+class Placement:
+    """Ray, connected, and one placement group holding a bundle per actor (``reserve``)."""
+
+    ray: Any
+    group: Any
+    """The placement group: ``workers`` bundles of ``bundle``, spread over the nodes where Ray can."""
+    bundle: dict
+    """One actor's reservation, e.g. ``{"CPU": 1}`` or ``{"CPU": 1, "GPU": 0.5}``."""
+    threads: int
+    """CPUs (torch threads) of every actor."""
+    auto: bool
+    """The thread count came from the cluster (``model.threads = "auto"``): actors read it from Ray."""
+    owns_ray: bool
+    """``reserve`` started Ray (a private instance) or connected to a cluster, and lets go of it in ``release``."""
+    where: str
+    timeout: float
+
+    def strategy(self):
+        """Ray scheduling that puts an actor into any free bundle of the group (a replacement: the dead one's)."""
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        return PlacementGroupSchedulingStrategy(placement_group=self.group, placement_group_bundle_index=-1)
+
+    def whole(self) -> bool:
+        """Wait (at most ``timeout``) until every bundle is placed: after a node is lost Ray places its bundles
+        again on nodes with room, or keeps them pending."""
+        return bool(self.group.wait(timeout_seconds=self.timeout))
+
+    def release(self) -> None:
+        if self.group is not None and self.ray.is_initialized():
+            try:
+                from ray.util import remove_placement_group
+
+                remove_placement_group(self.group)
+            except Exception:  # the cluster is gone
+                pass
+        self.group = None
+        if self.owns_ray and self.ray.is_initialized():
+            self.ray.shutdown()
+        self.owns_ray = False
+
+
+def reserve(cfg, say: Callable[..., None] = print) -> Placement:
+    """Connect to Ray and reserve every actor's resources before anything loads: one placement group,
+    a bundle per actor, placed within ``distributed.placement_timeout_s`` or refused in one line naming
+    what is missing. ``model.threads = "auto"`` on a cluster gives each actor the most CPUs that let all of
+    them fit (``cluster_threads``), not the driver's core count."""
+    dist = cfg.distributed
+    ray = _import_ray(dist.workers)
+    address = dist.address.strip()
+    threads = dist.threads or cfg.model.threads
+    owns_ray = _connect(ray, address, dist.workers * threads)
+    where = address or ("a private local Ray instance" if owns_ray else "the Ray instance of this process")
+    try:
+        from ray.util import placement_group, remove_placement_group
+
+        nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
+        auto = threads_auto(cfg) and not (owns_ray and not address)  # a private instance was sized by threads
+        if auto:
+            threads = cluster_threads(nodes, dist.workers, dist.gpus)
+        _check_gpus(ray, dist, owns_ray and not address, say)
+        bundle = {"CPU": float(threads), **({"GPU": float(dist.gpus)} if dist.gpus else {})}
+        short = placement_shortfall(nodes, dist.workers, bundle)
+        if short and owns_ray and not address:
+            raise DistributedError(short)
+        if short:
+            say(f"[evolm] {short}; waiting up to distributed.placement_timeout_s={dist.placement_timeout_s:g} s "
+                "for the cluster to grow")
+        group = placement_group([dict(bundle) for _ in range(dist.workers)], strategy="SPREAD")
+        if not group.wait(timeout_seconds=dist.placement_timeout_s):
+            remove_placement_group(group)
+            now = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
+            raise DistributedError(placement_shortfall(now, dist.workers, bundle) or (
+                f"distributed.workers={dist.workers} actors x {{{', '.join(f'{k}: {v:g}' for k, v in bundle.items())}}} "
+                f"were not placed within distributed.placement_timeout_s={dist.placement_timeout_s:g} s although the "
+                "cluster's nodes have room: other jobs hold it (`ray status`); wait, or ask for less"))
+    except BaseException:
+        if owns_ray and ray.is_initialized():
+            ray.shutdown()
+        raise
+    return Placement(ray=ray, group=group, bundle=bundle, threads=threads, auto=auto, owns_ray=owns_ray, where=where,
+                     timeout=dist.placement_timeout_s)
+
+
 class RayPopulation:
     """Scores ES members on K Ray actors and applies updates everywhere (see the module docstring)."""
 
     def __init__(self, cfg, params, generator, task, *, spec: str, checkpoint: str | None = None,
-                 header: dict | None = None, cleanup: Path | None = None, say: Callable[..., None] = print):
+                 header: dict | None = None, cleanup: Path | None = None, placement: Placement | None = None,
+                 say: Callable[..., None] = print):
+        """``placement``: the resources ``reserve`` holds for the actors (``jobs.run_es`` reserves them before
+        anything loads and releases them); None: reserved here and released by ``close``."""
         dist = cfg.distributed
         self.params = params
         self.generator = generator
         self.say = say
         self.workers = dist.workers
         self._cleanup = cleanup
+        self._actors: dict[int, Any] = {}
+        self._starting: dict[Any, tuple[int, Any, list[int]]] = {}
         self.ray = _import_ray(dist.workers)
         from ray.exceptions import OutOfMemoryError, RayActorError  # Ray: optional, see _import_ray
 
         self._died = (RayActorError, OutOfMemoryError)  # OutOfMemoryError: Ray's memory monitor killed the worker
-        threads = dist.threads or cfg.model.threads
-        self._owns_ray = _connect(self.ray, dist.address.strip(), dist.workers * threads)
+        self._own_placement = placement is None
+        self.placement = placement = placement or reserve(cfg, say)
+        threads = placement.threads
         self._names = checksum_names(params)
         uses_fused = cfg.model.device == "cpu" and fused.kernel() is not None  # built here, before any actor
-        self._recipe = ReplicaRecipe(cfg=cfg, spec=spec, checkpoint=checkpoint, header=header, task=task, threads=threads,
-                                     fused=uses_fused)
+        self._recipe = ReplicaRecipe(cfg=cfg, spec=spec, checkpoint=checkpoint, header=header, task=task,
+                                     threads=0 if placement.auto else threads, fused=uses_fused)
         self._replay: list[tuple[int, list[float], float]] = []
         self._checksum = weights_checksum(params)
         self._restarts_left = dist.max_restarts
         self.restarts = 0
         self._next_id = 0
-        self._actors: dict[int, Any] = {}
         self._info: dict[int, dict] = {}
-        self._starting: dict[Any, tuple[int, Any, list[int]]] = {}
         resources = {"num_cpus": threads, **({"num_gpus": dist.gpus} if dist.gpus else {})}
-        self._actor_class = self.ray.remote(Replica).options(max_restarts=0, max_task_retries=0, **resources)
+        self._actor_class = self.ray.remote(Replica).options(max_restarts=0, max_task_retries=0,
+                                                             scheduling_strategy=placement.strategy(), **resources)
         t0 = time.perf_counter()
         self._initial = True
         try:
-            self._check_gpus(dist)
             for _ in range(dist.workers):
                 self._start()
             self._settle_starting()
@@ -354,26 +559,11 @@ class RayPopulation:
             self.close()
             raise
         self._initial = False
-        where = dist.address.strip() or "a private local Ray instance"
+        nodes = len({info.get("node") for info in self._info.values()})
         say(f"[evolm] Ray population: {len(self._actors)} actors x {threads} thread(s)"
-            + (f" x {dist.gpus:g} GPU" if dist.gpus else "") + f" on {where}, ready in {time.perf_counter() - t0:.1f} s")
-
-    def _check_gpus(self, dist) -> None:
-        """Refuse GPUs the cluster does not have (Ray would leave the actors pending for ever): one line
-        from a private instance (its count is this machine's), a warning when joining a cluster (which
-        may grow)."""
-        if not dist.gpus:
-            return
-        have = float(self.ray.cluster_resources().get("GPU", 0))
-        fit = gpu_capacity(have, dist.gpus)
-        if fit >= dist.workers:
-            return
-        message = (f"distributed.workers={dist.workers} actors x distributed.gpus={dist.gpus:g} GPU need more GPUs than "
-                   f"the {have:g} Ray sees (room for {fit} actors)")
-        if self._owns_ray:
-            raise DistributedError(f"{message}; set distributed.workers <= {fit}, or a smaller distributed.gpus "
-                                   "to share a GPU (0.5: two actors per GPU)")
-        self.say(f"[evolm] warning: {message}; actors wait until the cluster has them")
+            + (" (auto: the cluster's CPUs per actor)" if placement.auto else "")
+            + (f" x {dist.gpus:g} GPU" if dist.gpus else "") + f" on {placement.where} ({nodes} node"
+            + ("s" if nodes != 1 else "") + f"), ready in {time.perf_counter() - t0:.1f} s")
 
     # -- actors ------------------------------------------------------------------------------------
     def _start(self) -> None:
@@ -413,7 +603,8 @@ class RayPopulation:
         if self._initial and getattr(error, "actor_init_failed", False):  # its __init__ raised: a setup error
             raise DistributedError(f"Ray actor {aid} failed to start: {reason}")
         who = f"Ray actor {aid}" + (f" (pid {info['pid']} on {info['host']})" if info else "")
-        if self._restarts_left > 0:
+        placed = self._restarts_left > 0 and self.placement.whole()  # a lost node's bundle is placed again, or not
+        if placed:
             self._restarts_left -= 1
             self.restarts += 1
             source = self._recipe.checkpoint or self._recipe.spec
@@ -421,8 +612,11 @@ class RayPopulation:
                      f"replayed updates ({self._restarts_left} restarts left)")
             self._start()
         elif self._actors or self._starting:
-            self.say(f"[evolm] {who} died ({reason}); no restarts left (distributed.max_restarts), "
-                     f"carrying on with {len(self._actors) + len(self._starting)} actors")
+            why = ("no restarts left (distributed.max_restarts)" if self._restarts_left <= 0 else
+                   f"the cluster had no room for its bundle {self.placement.bundle} within "
+                   f"distributed.placement_timeout_s={self.placement.timeout:g} s (a node lost?)")
+            self.say(f"[evolm] {who} died ({reason}); {why}, carrying on with {len(self._actors) + len(self._starting)} "
+                     "actors")
         else:
             raise DistributedError(f"every Ray actor has died (last: {reason}) and distributed.max_restarts is used up; "
                                    "continue the run with evolm es --resume RUN_DIR")
@@ -483,7 +677,9 @@ class RayPopulation:
             if on_member:
                 on_member()
         out.extra = {"ray_actors": len(self._actors), "ray_restarts": self.restarts, "ray_rescored": rescored,
-                     "ray_members": {str(a): n for a, n in sorted(per_actor.items())}}
+                     "ray_members": {str(a): n for a, n in sorted(per_actor.items())},
+                     "ray_nodes": len({self._info.get(a, {}).get("node") for a in self._actors}),
+                     "ray_threads": _one_or_all({self._info.get(a, {}).get("threads") for a in self._actors} - {None})}
         return out
 
     def apply_update(self, iteration: int, update):
@@ -556,21 +752,22 @@ class RayPopulation:
             except Exception:
                 pass
         self._actors, self._starting = {}, {}
-        if self._owns_ray and self.ray.is_initialized():
-            self.ray.shutdown()
-            self._owns_ray = False
+        placement = getattr(self, "placement", None)
+        if placement is not None and self._own_placement:
+            placement.release()
         if self._cleanup is not None:
             shutil.rmtree(self._cleanup, ignore_errors=True)
             self._cleanup = None
 
 
 def factory(comps, run, *, checkpoint: Path | None = None, header: dict | None = None, injected: bool = False,
-            say: Callable[..., None] = print) -> Callable:
+            placement: Placement | None = None, say: Callable[..., None] = print) -> Callable:
     """The population factory ``engine.train`` calls as ``factory(cfg, params, generator, task)``.
 
     ``checkpoint``: the checkpoint the driver resumed from; ``header``: the resumed run's seed-log
     header; ``injected``: the model was handed to ``run_es`` in memory, so the actors load a copy the
-    driver writes to ``<run>/replica_init/`` (after the checkpoint, if any, was loaded into it)."""
+    driver writes to ``<run>/replica_init/`` (after the checkpoint, if any, was loaded into it); ``placement``: the
+    actors' reserved resources (``reserve``), released by the caller."""
 
     def make(cfg, params, generator, task) -> RayPopulation:
         _import_ray(cfg.distributed.workers)
@@ -585,6 +782,6 @@ def factory(comps, run, *, checkpoint: Path | None = None, header: dict | None =
             spec = source = str(target)
             cleanup = target
         return RayPopulation(cfg, params, generator, task, spec=spec, checkpoint=source, header=header, cleanup=cleanup,
-                             say=say)
+                             placement=placement, say=say)
 
     return make

@@ -44,10 +44,12 @@ from __future__ import annotations
 
 import torch
 
-from evolm.backends.vllm import checksum, digest, selected_sum
+from evolm.backends.vllm import checksum, die_with_parent, digest, selected_sum
 from evolm.checksum import tensor_checksum
 from evolm.es.noise import noise_from_header
 from evolm.es.params import ParamSet
+
+die_with_parent()  # vLLM imports this module in every engine process as it starts: none outlives its parent
 
 class LayoutError(RuntimeError):
     """A Hugging Face tensor has no slice of the same shape in the vLLM model."""
