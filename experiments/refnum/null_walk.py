@@ -75,13 +75,15 @@ def main(argv=None) -> int:
     ap.add_argument("--iterations", type=int, default=240)
     ap.add_argument("--out-dir", default="runs/refnum")
     ap.add_argument("--resume", metavar="RUN_DIR", help="continue this null run (to --iterations)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a config override, as evolm es --set (e.g. task.params.train_path=FILE)")
     args = ap.parse_args(argv)
     if (args.config is None) == (args.resume is None):
         ap.error("give a config or --resume RUN_DIR")
     source = Path(args.resume) / "config.toml" if args.resume else Path(args.config)
     cfg = config_mod.load(config_mod.ESJob, str(source), [f"es.iterations={args.iterations}", "eval.before_after=false", "probe.every=0",
                                         "distributed.workers=0", "run.progress=false"]
-                          + ([] if args.resume else [f'run.out_dir="{args.out_dir}"']))
+                          + ([] if args.resume else [f'run.out_dir="{args.out_dir}"']) + args.set)
     if not args.resume:
         cfg.run.name = f"{cfg.run.name}-null"
     reference = cfg.es.arithmetic in ("reference", "artifact")  # restore not exact: every member perturbed and restored
