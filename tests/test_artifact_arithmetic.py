@@ -183,16 +183,19 @@ def test_one_engine_is_bit_identical_to_the_transcribed_single_engine_loop(token
         assert not _same(ours, base)
 
 
-def test_two_engines_synced_every_step_are_the_loop_over_engine_0s_members(tokenizer):
-    """After a sync every replica is replica 0, so with a sync after every update what engine 1's
-    members' reverts left behind is gone at once: replica 0 = one engine scoring only members 0..N/K-1
-    (and every member's coefficient in the update)."""
+@pytest.mark.parametrize("sync_every", [0, 1, 2])
+def test_given_the_coefficients_replica_0_is_the_loop_over_engine_0s_members(tokenizer, sync_every):
+    """A sync copies replica 0 into the others, never the other way, so replica 0 (the saved model) only
+    ever went through its own members' perturb/revert cycles: given the coefficients, it is one engine
+    scoring members 0..N/K-1 (with every member's coefficient in the update), whatever the sync schedule.
+    The other replicas act on it only through the fitness of their members."""
     noise = CounterNoise(7)
     rewards = _rewards(population=6)
     ref = transcription(make_tiny_model(tokenizer, hidden=32, layers=1).to(torch.bfloat16), noise, rewards, members=range(3))
     ours = make_tiny_model(tokenizer, hidden=32, layers=1).to(torch.bfloat16)
-    params = _evolm_loop(ours, noise, rewards, engines=2, sync_every=1)
-    assert _same(ref, ours) and params.replicas_equal()
+    params = _evolm_loop(ours, noise, rewards, engines=2, sync_every=sync_every)
+    assert _same(ref, ours)
+    assert params.replicas_equal() == (sync_every == 1)  # 3 updates: synced after the last only when 1 divides 3
     one = make_tiny_model(tokenizer, hidden=32, layers=1).to(torch.bfloat16)  # all members on one engine: other bits
     _evolm_loop(one, noise, rewards, engines=1)
     assert not _same(one, ours)

@@ -58,6 +58,11 @@ Design decisions:
   from a checkpoint sets every replica to the checkpoint's weights, which is exact because checkpoints
   follow a sync; one from weights saved after an unsynced update (a run stopped by ``run.match``
   before ``es.iterations``) is refused in one line (resume by replay instead).
+- **Replica 0 never receives the others' history.** A sync copies replica 0 into the others, so the
+  saved model went through its own block's perturb/revert cycles only (4 of 32 per update in the
+  artifact): given the coefficients it is the single-engine loop over members ``0 .. N/K - 1``, whatever
+  the sync schedule (tested). The other replicas act on it only through their members' fitness; in a
+  null walk (fitness not computed from the weights) K and the syncs change nothing in replica 0.
 - **Memory:** K - 1 copies of the selected tensors in the model's dtype (``(K - 1) * P * 2`` bytes in
   bf16: 1.9 GB for SmolLM2-135M at K = 8, 21.6 GB for Qwen2.5-1.5B), plus one chunk of 2^20 values
   for the swap. The restore-error shadow of ``reference`` (``es.reference_error_sample``, metrics
