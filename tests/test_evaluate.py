@@ -80,6 +80,7 @@ def test_evaluate_task_scores_and_summarises():
     tok = [t for p in result.problems for t in p.num_tokens]
     assert s["entropy"] == pytest.approx(sum(e * t for e, t in zip(ent, tok)) / sum(tok))
     assert "greedy" in s and all(p.greedy_correct is not None for p in result.problems)
+    assert s["greedy_correct"] == sum(p.greedy_correct for p in result.problems) == round(s["greedy"] * 6)
     assert s["format_rate"] == 1.0
     json.dumps(result.to_dict())
 

@@ -223,11 +223,32 @@ def _train_file(tmp_path: Path, task: str) -> Path:
     return path
 
 
-def test_there_are_the_two_paper_configs():
-    assert [p.name for p in PAPER_CONFIGS] == ["es-easy-gsm8k-qwen2.5-1.5b.toml", "es-hard-deepscaler-r1-distill-qwen-1.5b.toml"]
+def test_there_are_the_paper_configs():
+    assert [p.name for p in PAPER_CONFIGS] == ["es-easy-gsm8k-qwen2.5-1.5b-artifact.toml", "es-easy-gsm8k-qwen2.5-1.5b.toml",
+                                               "es-hard-deepscaler-r1-distill-qwen-1.5b.toml"]
 
 
-@pytest.mark.parametrize("path", PAPER_CONFIGS, ids=lambda p: p.name)
+ARTIFACT_CONFIG = ROOT / "configs" / "paper" / "es-easy-gsm8k-qwen2.5-1.5b-artifact.toml"
+
+
+def test_the_artifact_config_says_what_the_artifact_runs(tmp_path, offline):
+    """github.com/yunpengba7/understanding-es configs/easy_qwen25_1p5b.yaml (and train.py / prompts.py), in evolm's fields."""
+    cfg = config.load(config.ESJob, ARTIFACT_CONFIG, [f'task.params.train_path="{_train_file(tmp_path, "gsm8k")}"'])
+    config.validate(cfg)
+    assert (cfg.model.spec, cfg.model.revision, cfg.model.dtype) == ("Qwen/Qwen2.5-1.5B-Instruct", "989aa7980e4cf806f80c7fef2b1adb7bc71aa306", "bfloat16")
+    es = cfg.es
+    assert (es.population, es.prompts_per_iteration, es.sigma, es.lr, es.iterations, cfg.run.seed) == (32, 64, 0.0015, 0.00025, 234, 42)
+    assert (es.estimator, es.shaping, es.divide_by_sigma) == ("one_point", "zscore", False)
+    assert (es.arithmetic, es.engines, es.engine_sync_every, cfg.run.checkpoint_every) == ("artifact", 8, 117, 117)
+    assert es.iterations == 2 * math.ceil(7473 / es.prompts_per_iteration)
+    assert (cfg.generation.temperature, cfg.generation.max_new_tokens) == (0.0, 2048)
+    assert (cfg.eval.count, cfg.eval.n_samples, cfg.eval.temperature, cfg.eval.top_p, cfg.eval.max_new_tokens) == (1319, 32, 0.6, 1.0, 2048)
+    assert cfg.task.system_prompt == "Please reason step by step, and put your final answer within \\boxed{}."
+    task = make_task(cfg.task.name, cfg.task.reward, cfg.task.system_prompt, **cfg.task.params)
+    assert task.messages(task.examples("train", 1, seed=0)[0])[0] == {"role": "system", "content": cfg.task.system_prompt}
+
+
+@pytest.mark.parametrize("path", [p for p in PAPER_CONFIGS if p != ARTIFACT_CONFIG], ids=lambda p: p.name)
 def test_paper_config_loads_validates_and_reads_a_local_train_file(tmp_path, offline, path):
     task_name = config.load(config.ESJob, path).task.name
     cfg = config.load(config.ESJob, path, [f'task.params.train_path="{_train_file(tmp_path, task_name)}"'])

@@ -251,10 +251,14 @@ class ESSection:
     """Rank r of each member's matrix perturbation when perturbation = "lowrank" (an update has rank <= N x r)."""
     member_batch: int = 0
     """With perturbation = "lowrank": members per batched generate call (0: all N at once). Rows per call = members x prompts; lower it to bound memory (the KV cache grows with the rows)."""
-    arithmetic: Literal["exact", "reference"] = "exact"
-    """exact: float32 masters (or float32 weights perturbed in place with recorded corrections), restore bit for bit, updates accumulated in float32. reference: Qiu et al.'s arithmetic, in the model's own dtype (model.dtype) and in place: perturb adds sigma * eps, restore subtracts the regenerated sigma * eps (not exact in bf16/fp16), the update is accumulated, divided by N and scaled by lr in that dtype (one_point, hf backend, one process; see docs/es.md and evolm/es/reference.py)."""
+    arithmetic: Literal["exact", "reference", "artifact"] = "exact"
+    """exact: float32 masters (or float32 weights perturbed in place with recorded corrections), restore bit for bit, updates accumulated in float32. reference: Qiu et al.'s arithmetic, in the model's own dtype (model.dtype) and in place: perturb adds sigma * eps, restore subtracts the regenerated sigma * eps (not exact in bf16/fp16), the update is accumulated, divided by N and scaled by lr in that dtype (one_point, hf backend, one process; see docs/es.md and evolm/es/reference.py). artifact: the published code of arXiv 2608.27351 (github.com/yunpengba7/understanding-es): float32 noise times sigma cast to model.dtype and added in place, reverted by the same with -sigma (not exact), the update summed in float32 and added in model.dtype, on es.engines replicas that each revert and update on their own, synced from replica 0 every es.engine_sync_every updates, at checkpoints and at the end (one_point, hf backend, one process, CPU; evolm/es/artifact.py)."""
+    engines: int = 1
+    """With arithmetic = "artifact": the artifact's vLLM engines, simulated as replicas of the selected weights in this process; member m is scored on replica m // ceil(N / engines) (the artifact's split), and replica 0 is the model that is checkpointed, saved and evaluated. Memory: (engines - 1) x P x bytes(model.dtype) beside the model, e.g. 1.9 GB for SmolLM2-135M in bf16 at 8 engines, 21.6 GB for Qwen2.5-1.5B."""
+    engine_sync_every: int = 0
+    """With arithmetic = "artifact" and engines > 1: copy replica 0 into the others after every update whose number is a multiple of this (the artifact: 117, once per epoch); 0: only at checkpoints and after the last update (always synced there, as the artifact syncs before each checkpoint, so run.checkpoint_every is part of the arithmetic: a multiple of engine_sync_every keeps the artifact's schedule; a run without those checkpoints resumes by replaying its seed log)."""
     reference_error_sample: int = 65536
-    """With arithmetic = "reference": coordinates (drawn once, uniformly) on which an exact float32 shadow of the same updates is kept, so every update logs the distance of the weights from it (metrics ref_*); 0: off; at least the number of selected parameters: all of them (4 bytes each)."""
+    """With arithmetic = "reference" or "artifact": coordinates (drawn once, uniformly) on which an exact float32 shadow of the same updates is kept, so every update logs the distance of the weights from it (metrics ref_*); 0: off; at least the number of selected parameters: all of them (4 bytes each)."""
 
     def validate(self, p: str) -> None:
         require(self.iterations >= 1, f"{p}.iterations must be >= 1 (got {self.iterations})")
@@ -270,10 +274,18 @@ class ESSection:
         require(self.rank >= 1, f"{p}.rank must be >= 1 (got {self.rank})")
         require(self.member_batch >= 0, f"{p}.member_batch must be >= 0 (got {self.member_batch}; 0 scores all members in one call)")
         require(self.reference_error_sample >= 0, f"{p}.reference_error_sample must be >= 0 (got {self.reference_error_sample}; 0 turns the measurement off)")
-        if self.arithmetic == "reference":  # Qiu et al.'s loop is one-point, alpha / N, full-rank: nothing else is tested
-            require(self.estimator == "one_point", f"{p}.arithmetic='reference' transcribes Qiu et al.'s one-point loop; set {p}.estimator='one_point' or {p}.arithmetic='exact'")
-            require(not self.divide_by_sigma, f"{p}.arithmetic='reference' updates by lr / N as Qiu et al. do; set {p}.divide_by_sigma=false (fold 1/sigma into {p}.lr) or {p}.arithmetic='exact'")
-            require(self.perturbation == "full", f"{p}.arithmetic='reference' perturbs full-rank noise in place; set {p}.perturbation='full' or {p}.arithmetic='exact'")
+        if self.arithmetic in ("reference", "artifact"):  # Qiu et al.'s and the artifact's loops are one-point, alpha / N, full-rank: nothing else is tested
+            a = self.arithmetic
+            require(self.estimator == "one_point", f"{p}.arithmetic='{a}' transcribes a one-point loop; set {p}.estimator='one_point' or {p}.arithmetic='exact'")
+            require(not self.divide_by_sigma, f"{p}.arithmetic='{a}' updates by lr / N (1/sigma folded into lr); set {p}.divide_by_sigma=false or {p}.arithmetic='exact'")
+            require(self.perturbation == "full", f"{p}.arithmetic='{a}' perturbs full-rank noise in place; set {p}.perturbation='full' or {p}.arithmetic='exact'")
+        require(self.engines >= 1, f"{p}.engines must be >= 1 (got {self.engines})")
+        require(self.engine_sync_every >= 0, f"{p}.engine_sync_every must be >= 0 (got {self.engine_sync_every}; 0: only at checkpoints and the end)")
+        if self.arithmetic != "artifact":
+            require(self.engines == 1 and self.engine_sync_every == 0,
+                    f"{p}.engines and {p}.engine_sync_every simulate the artifact's engines; set {p}.arithmetic='artifact' or leave them at 1 and 0")
+        else:
+            require(self.engines <= self.population, f"{p}.engines={self.engines} is more than {p}.population={self.population}: replicas without members; lower {p}.engines")
         bad = [c for c in self.params if c not in CATEGORIES + ("all",)]
         require(not bad and bool(self.params), f"{p}.params must be a non-empty list of {('all',) + CATEGORIES} (got {self.params})")
         if self.param_regex:
@@ -471,10 +483,11 @@ class ESJob:
                                                     "for es.perturbation='lowrank' (its members are batched already)")
             require(d.workers < 2, f"{v} is not tested in Ray actors; set generation.verify='off' or "
                                    f"distributed.workers=0 (got {d.workers})")
-        if self.es.arithmetic == "reference":  # in-place rounding happens where the members are perturbed: this process's hf model
-            require(g.backend == "hf", f"es.arithmetic='reference' perturbs the hf model in place in this process; set generation.backend='hf' (got '{g.backend}') or es.arithmetic='exact'")
-            require(d.workers < 2, f"es.arithmetic='reference' perturbs one model in this process (its rounding history is the run); set distributed.workers=0 (got {d.workers}) or es.arithmetic='exact'")
-            require(self.model.device == "cpu", f"es.arithmetic='reference' is tested bit for bit on the CPU only; set model.device='cpu' (got '{self.model.device}') or es.arithmetic='exact'")
+        if self.es.arithmetic in ("reference", "artifact"):  # in-place rounding happens where the members are perturbed: this process's hf model
+            a = self.es.arithmetic
+            require(g.backend == "hf", f"es.arithmetic='{a}' perturbs the hf model in place in this process; set generation.backend='hf' (got '{g.backend}') or es.arithmetic='exact'")
+            require(d.workers < 2, f"es.arithmetic='{a}' perturbs one model in this process (its rounding history is the run); set distributed.workers=0 (got {d.workers}) or es.arithmetic='exact'")
+            require(self.model.device == "cpu", f"es.arithmetic='{a}' is tested bit for bit on the CPU only; set model.device='cpu' (got '{self.model.device}') or es.arithmetic='exact'")
         if self.es.perturbation == "lowrank":
             require(self.generation.backend == "hf",
                     f"es.perturbation='lowrank' scores members in batched forward passes of the hf backend; "

@@ -114,6 +114,8 @@ def es_account(cfg, shape: ModelShape, *, prompt_tokens: int = 128, cuda_here: b
     lines = [Line(engine, "weights" + (" (engine)" if vllm else ""), P * db)]
     if db != 4 and getattr(es, "arithmetic", "exact") == "exact":
         lines.append(Line(engine, "float32 masters", 4 * P))
+    if getattr(es, "arithmetic", "exact") == "artifact" and getattr(es, "engines", 1) > 1:
+        lines.append(Line(engine, "engine replicas (es.engines - 1 copies)", (es.engines - 1) * P * db))
     if es.noise == "table":  # TableNoise.default_size(P): every parameter plus 2^25 member offsets (a test keeps them equal)
         lines.append(Line(engine, "noise table", 4 * (es.noise_table_size or P + TABLE_SLACK)))
     tokens = prompt_tokens + gen.max_new_tokens
@@ -150,6 +152,8 @@ def fixes(cfg, lines: list[Line], device: str) -> list[str]:
     out = []
     if "noise table" in items:
         out.append("es.noise='counter' (no table)")
+    if any(i.startswith("engine replicas") for i in items):
+        out.append("fewer es.engines (each holds a copy of the weights)")
     if "float32 masters" in items and device == "cpu":
         out.append("model.dtype='float32' on the CPU (no masters)")
     if any(i.startswith("KV cache (vllm") for i in items):

@@ -137,7 +137,7 @@ class PipelineJob:
                 f"model.dtype must be float32 in a pipeline (got {self.model.dtype}): stages hand the weights over in "
                  "memory, and ES keeps float32 masters apart from a lower-precision model")
         require(self.es.arithmetic == "exact",
-                f"es.arithmetic must be exact in a pipeline (got '{self.es.arithmetic}'): reference arithmetic runs in the "
+                f"es.arithmetic must be exact in a pipeline (got '{self.es.arithmetic}'): reference and artifact arithmetic run in the "
                 "model's dtype, and pipelines hand float32 weights between stages; run it as a single job (evolm es)")
         p = self.pipeline
         require(self.run.match == "updates",

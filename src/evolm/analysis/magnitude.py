@@ -38,7 +38,7 @@ views that can:
 
 ``magnitude_analysis`` runs all of it plus the per-category step-count summary (``step_counts``: how
 many coordinates moved, the median and mean |steps|, the share that moved exactly one ulp). The dtype
-is the one the run's arithmetic rounded in (``model.dtype`` of an ``es.arithmetic = "reference"`` run
+is the one the run's arithmetic rounded in (``model.dtype`` of an ``es.arithmetic = "reference"`` or ``"artifact"`` run
 and of a GRPO run, whose optimiser updates the model's own weights; float32 for exact ES, whose
 masters are float32).
 

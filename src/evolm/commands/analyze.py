@@ -256,11 +256,11 @@ def _cmd_localisation(args) -> int:
 
 
 def _run_dtype(spec: str) -> str:
-    """The dtype a run's weights moved in: model.dtype for an es.arithmetic = "reference" run and for a
+    """The dtype a run's weights moved in: model.dtype for an es.arithmetic = "reference" or "artifact" run and for a
     GRPO run (its optimiser updates the model's own weights), else float32 (exact ES keeps float32
     masters; a model that is not a run directory)."""
     cfg = _run_config(spec) if Path(spec).is_dir() else {}
-    if (cfg.get("es") or {}).get("arithmetic") == "reference" or "grpo" in cfg:
+    if (cfg.get("es") or {}).get("arithmetic") in ("reference", "artifact") or "grpo" in cfg:
         return (cfg.get("model") or {}).get("dtype", "float32")
     return "float32"
 

@@ -62,8 +62,8 @@ class AskTell:
         if self.job.es.perturbation != "full":
             raise UserError("AskTell perturbs one member at a time in place: es.perturbation must be 'full'")
         if self.job.es.arithmetic != "exact":
-            raise UserError("AskTell's seed log replays updates only; es.arithmetic='reference' (whose weights depend on "
-                            "every perturb/restore) runs through evolm es: set es.arithmetic='exact'")
+            raise UserError(f"AskTell's seed log replays updates only; es.arithmetic='{self.job.es.arithmetic}' (whose weights "
+                            "depend on every perturb/restore) runs through evolm es: set es.arithmetic='exact'")
         self.model = model
         self.params = build_paramset(model, self.job)
         self.layout = member_layout(self.job.es.estimator, self.job.es.population)

@@ -116,6 +116,14 @@ def build_paramset(model, cfg, header: dict | None = None, generator: Generator 
         params = ReferenceParamSet(model, None, categories=tuple(es.params), regex=es.param_regex, lr=es.lr,
                                    error_sample=es.reference_error_sample,
                                    sample_seed=derive_seed(cfg.run.seed, "reference-shadow"))
+    elif es.arithmetic == "artifact":
+        from evolm.es.artifact import ArtifactParamSet
+
+        params = ArtifactParamSet(model, None, categories=tuple(es.params), regex=es.param_regex, lr=es.lr,
+                                  population=es.population, engines=es.engines, sync_every=es.engine_sync_every,
+                                  sync_also=lambda step: step >= es.iterations or (cfg.run.checkpoints and step % cfg.run.checkpoint_every == 0),
+                                  error_sample=es.reference_error_sample,
+                                  sample_seed=derive_seed(cfg.run.seed, "reference-shadow"))
     else:  # masters kept by the generator's replica (vLLM workers) are not kept here too
         params = ParamSet(model, None, categories=tuple(es.params), regex=es.param_regex,
                           masters_elsewhere=bool(getattr(generator, "masters_in_engine", False)))
@@ -165,7 +173,9 @@ def run_header(params: ParamSet, cfg, layout: list[tuple[int, int]]) -> dict:
     return {"kind": "header", "noise": params.noise.describe(), "estimator": es.estimator, "population": es.population,
             "sigma": es.sigma, "lr": es.lr, "divide_by_sigma": es.divide_by_sigma, "shaping": es.shaping, "layout": layout,
             "params": params.names, "param_indices": params.indices, "numel": params.numel,
-            "perturb": {"arithmetic": perturb_arithmetic(cfg), "path": params.perturb_path}, "perturbation": es.perturbation,
+            "perturb": {"arithmetic": perturb_arithmetic(cfg), "path": params.perturb_path,
+                        **({"engines": es.engines, "engine_sync_every": es.engine_sync_every} if es.arithmetic == "artifact" else {})},
+            "perturbation": es.perturbation,
             **({"rank": es.rank} if es.perturbation == "lowrank" else {})}
 
 
@@ -175,6 +185,10 @@ def perturb_arithmetic(cfg) -> str:
         from evolm.es.reference import REFERENCE_ARITHMETIC
 
         return REFERENCE_ARITHMETIC
+    if cfg.es.arithmetic == "artifact":
+        from evolm.es.artifact import ARTIFACT_ARITHMETIC
+
+        return ARTIFACT_ARITHMETIC
     return PERTURB_ARITHMETIC
 
 
@@ -209,6 +223,11 @@ def check_header(header: dict, params: ParamSet, cfg) -> None:
     if (arithmetic or PERTURB_ARITHMETIC) != expected:
         problems.append(f"the run perturbed with '{arithmetic}' arithmetic, this config (es.arithmetic='{cfg.es.arithmetic}') "
                         f"with '{expected}'")
+    elif cfg.es.arithmetic == "artifact":  # the member split and the syncs are the run's arithmetic too
+        perturb = header.get("perturb") or {}
+        for key in ("engines", "engine_sync_every"):
+            if int(perturb.get(key, -1)) != getattr(cfg.es, key):
+                problems.append(f"es.{key} is {getattr(cfg.es, key)} but the run had {perturb.get(key)}")
     if problems:
         raise ConfigError("the config does not describe the run in its seed log: " + "; ".join(problems)
                           + " (use the run's own config.toml)")
@@ -300,6 +319,8 @@ def train(cfg, comps, run: RunDir, start, params: ParamSet, *, probe: Callable |
     elif start.checkpoint is not None:  # a checkpoint, or final/ of a finished run being extended
         load_weights(model, start.checkpoint)
         load_masters(params, start.checkpoint, model)
+        if hasattr(params, "sync_replicas"):  # artifact: every replica was replica 0 when it was saved, if a sync preceded it
+            _resume_replicas(params, run, start.step)
     if start.checkpoint is not None or start.replay:  # the totals continue from the record resumed
         totals = {"seconds_total": float(start.state.get("seconds_total", 0.0)),
                   "gen_sequences_total": int(start.state.get("gen_sequences_total", 0)),
@@ -385,19 +406,34 @@ def _iteration(cfg, run: RunDir, population, task, tokenizer, generator, layout,
     totals["gen_tokens_total"] += scores.gen_tokens
     record = train_record(step, METHOD, scores.fitness, seconds=seconds, gen_sequences=scores.gen_sequences,
                           gen_tokens=scores.gen_tokens, totals=totals, **extra)
+    end_step = getattr(getattr(population, "params", None), "end_step", None)  # artifact: replicas synced now?
+    synced = bool(end_step(step)) if end_step is not None else False
     run.log_seed({"step": step, "iteration": iteration, "coefficients": update.coefficients, "scale": update.scale,
-                  "status": update.status, "fitness": scores.fitness})
+                  "status": update.status, "fitness": scores.fitness, **({"engine_sync": True} if synced else {})})
     run.log_metrics(record)
     if bar is not None:
         bar.set_postfix(update=step, reward="nan" if record["reward_mean"] is None else f"{record['reward_mean']:.3f}")
     return record
 
 
+def _resume_replicas(params, run: RunDir, step: int) -> None:
+    """Artifact arithmetic resumed from saved weights: set every replica to them, which is the run only if
+    the replicas were synced after update ``step`` (checkpoints and the last update are; see evolm/es/artifact.py)."""
+    record = next((r for r in run.seed_log() if r.get("kind") != "header" and int(r.get("step", -1)) == step), None)
+    if step and params.engines > 1 and not (record or {}).get("engine_sync"):
+        raise ConfigError(f"the weights saved at update {step} were not synced across the run's {params.engines} engine "
+                          "replicas (es.arithmetic='artifact'), so the other replicas are lost; resume by replay: move "
+                          "checkpoints/ and final/ out of the run directory")
+    params.sync_replicas()
+
+
 def replay(model, seed_log: list[dict], cfg) -> ParamSet:
     """Re-apply a run's logged updates to ``model`` (the base weights) in order; returns the ParamSet.
-    The noise is rebuilt from the log's header (checked against ``cfg``). With reference arithmetic
-    (``es.arithmetic = "reference"``) restore is not exact, so every logged iteration's members are
-    perturbed and restored again, in layout order, before its update: the run's rounding, bit for bit."""
+    The noise is rebuilt from the log's header (checked against ``cfg``). With reference or artifact
+    arithmetic (``es.arithmetic``) restore is not exact, so every logged iteration's members are
+    perturbed and restored again, in layout order (artifact: each on its engine's replica), before its
+    update, and the artifact's replicas are synced where the log says (``engine_sync``): the run's
+    rounding, bit for bit."""
     params = build_paramset(model, cfg, seed_log_header(seed_log))
     replay_into(params, seed_log, cfg)
     return params
@@ -406,15 +442,20 @@ def replay(model, seed_log: list[dict], cfg) -> ParamSet:
 def replay_into(params: ParamSet, seed_log: list[dict], cfg) -> None:
     """Apply ``seed_log``'s updates, in order, to ``params`` (built on the base weights with the log's
     header): ``replay``'s loop, also the start of a resume without weights (``jobs.Start.replay``). With
-    reference arithmetic every logged iteration's members are perturbed and restored first (its rounding)."""
+    reference or artifact arithmetic every logged iteration's members are perturbed and restored first (its
+    rounding), and the artifact's replicas are synced after the updates whose record says ``engine_sync``."""
     header = seed_log_header(seed_log)
-    reference = cfg.es.arithmetic == "reference"
-    layout = [tuple(m) for m in header["layout"]] if reference else []
+    lossy = cfg.es.arithmetic in ("reference", "artifact")
+    layout = [tuple(m) for m in header["layout"]] if lossy else []
     for record in seed_log:
-        if reference and "iteration" in record:
+        if lossy and "iteration" in record:
             for direction, sign in layout:
                 params.perturb(int(record["iteration"]), direction, sign, float(header["sigma"]))
                 params.restore()
         if record.get("status") == "applied":
             if not params.apply_update(int(record["iteration"]), record["coefficients"], float(record["scale"])):
                 raise ValueError(f"seed-log update {record.get('step')} would make weights non-finite")
+        if record.get("engine_sync"):
+            params.sync_replicas()
+    if hasattr(params, "activate"):
+        params.activate(0)  # replica 0 in the model: what the run saved
