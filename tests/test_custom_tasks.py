@@ -462,3 +462,56 @@ def reward(prompts, completions, **columns):
     assert [r["update_status"] for r in records] == ["skipped", "skipped"]
     assert all("verifier offline" in r["message"] for r in records)
     assert run.info()["status"] == "finished"
+
+
+def test_a_reward_that_scores_no_completion_of_an_update_stops_the_run_in_one_line(tiny_dir, tmp_path):
+    from evolm.jobs import run_es
+
+    module = write_module(tmp_path / "nones.py", '''
+def never(prompts, completions, **columns):
+    return [None] * len(completions)  # "cannot score": every completion, every member
+
+def some(prompts, completions, **columns):
+    return [None if i % 2 else 0.5 for i, _ in enumerate(completions)]
+''')
+
+    def job(name, reward):
+        return config.from_dict(config.ESJob, {}, [
+            f"model.spec='{tiny_dir}'", f"run.out_dir='{tmp_path}'", f"run.name='{name}'", "run.progress=false",
+            f"task.reward='{module}:{reward}'", "es.iterations=2", "es.population=2", "es.prompts_per_iteration=2",
+            "eval.before_after=false", "probe.every=0", "generation.max_new_tokens=4", "run.checkpoint_every=0"])
+
+    with pytest.raises(UserError) as e:
+        run_es(job("never", "never"), quiet=True)
+    message = str(e.value)
+    assert "\n" not in message and f"{module}:never" in message and "update 1" in message
+    assert "returned None for every completion" in message and "0.0" in message  # the fix: a number for a wrong answer
+    from evolm.runs import RunDir
+
+    info = RunDir.open(tmp_path / "never").info()
+    assert info["status"] == "failed" and not RunDir.open(tmp_path / "never").train_records()
+
+    run = run_es(job("some", "some"), quiet=True)  # None for some completions: "does not apply", the run goes on
+    assert run.info()["status"] == "finished" and len(run.train_records()) == 2
+
+
+def test_grpo_stops_too_when_no_completion_of_a_step_is_scored(tmp_path, tokenizer):
+    from evolm.grpo import make_reward_fn
+
+    module = write_module(tmp_path / "nones.py", '''
+def never(prompts, completions, **columns):
+    return [None] * len(completions)
+
+def some(prompts, completions, **columns):
+    return [None if i % 2 else 0.5 for i, _ in enumerate(completions)]
+''')
+    rows = [{"prompt": f"Say {w}", "answer": w} for w in ("yes", "no", "maybe", "ok")]
+    data = str(_write(tmp_path, "jsonl", rows))
+    ids = [tokenizer("yes", add_special_tokens=False)["input_ids"]] * 2
+    some = make_task("dataset", [f"{module}:some"], path=data, test_fraction=0.25)
+    fn = make_reward_fn(some, some.examples("train", 2), tokenizer)
+    assert fn(["p", "p"], ["c", "c"], ids, [0, 1]) == [0.5, 0.0]
+    never = make_task("dataset", [f"{module}:never"], path=data, test_fraction=0.25)
+    fn = make_reward_fn(never, never.examples("train", 2), tokenizer)
+    with pytest.raises(RewardError, match=r"returned None for every completion .* return 0\.0"):
+        fn(["p", "p"], ["c", "c"], ids, [0, 1])

@@ -160,13 +160,16 @@ class Task(ABC):
         built-in task), never the chat-rendered text the model was fed."""
         return self.verbatim_prompt(example) or example.question
 
-    def score(self, examples: list[Example], completions: list[str], prompts: list[str] | None = None) -> list[float]:
+    def score(self, examples: list[Example], completions: list[str], prompts: list[str] | None = None,
+              unscored: float | None = 0.0) -> list[float | None]:
         """The reward of each ``completions[i]`` of ``examples[i]``: the reward functions in one batched call when
         the task has them (their ``prompts``: ``reward_prompt`` of each example, as TRL passes them), else the
-        convention one by one. ``prompts`` (the rendered texts the model saw) is accepted and not used."""
+        convention one by one. ``prompts`` (the rendered texts the model saw) is accepted and not used.
+        ``unscored``: the value of a completion no reward function gave a number (all returned None)."""
         if self.user_rewards is None or not self.user_rewards.refs:
             return [float(self.reward(c, ex)) for c, ex in zip(completions, examples, strict=True)]
-        return self.user_rewards.rewards([self.reward_prompt(ex) for ex in examples], completions, self.columns(examples))
+        return self.user_rewards.rewards([self.reward_prompt(ex) for ex in examples], completions, self.columns(examples),
+                                         unscored)
 
     def judge(self, examples: list[Example], completions: list[str], prompts: list[str] | None = None) -> list[Verdict]:
         """``check`` of each completion, its ``correct`` decided by the correctness function when there is one,
