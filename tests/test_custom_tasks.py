@@ -515,3 +515,26 @@ def some(prompts, completions, **columns):
     fn = make_reward_fn(never, never.examples("train", 2), tokenizer)
     with pytest.raises(RewardError, match=r"returned None for every completion .* return 0\.0"):
         fn(["p", "p"], ["c", "c"], ids, [0, 1])
+
+
+def test_eval_of_a_plugin_task_uses_the_tasks_own_completion_length(plugin_path, tiny_model, tokenizer, capsys):
+    """issue 44.5: `evolm eval` on a plugin task generated up to 256 tokens (54 s for 2 problems on a one-word task):
+    a task declares its own length (``Task.default_max_new_tokens``, as gsm8k does), and one that declares none
+    is evaluated at 256 with a line saying so."""
+    from conftest import make_vowel_task
+    from evolm.evaluate import default_max_new_tokens, evaluate_model
+
+    assert default_max_new_tokens(make_task("vowel_words")) == 16  # the example plugin's one word
+    report = evaluate_model(tiny_model, [make_task("vowel_words")], tokenizer=tokenizer, n=1, ks=[1], limit=1,
+                            greedy=False, use_cache=False, progress=False)
+    assert report["tasks"]["vowel_words"]["sampling"]["max_new_tokens"] == 16
+    assert "default_max_new_tokens" not in capsys.readouterr().err
+    undeclared = make_vowel_task()
+    assert default_max_new_tokens(undeclared) == 256
+    evaluate_model(tiny_model, [undeclared], tokenizer=tokenizer, n=1, ks=[1], limit=1, max_new_tokens=2, greedy=False,
+                   use_cache=False, progress=False)
+    assert capsys.readouterr().err == ""  # --max-new-tokens given: nothing to say
+    evaluate_model(tiny_model, [undeclared], tokenizer=tokenizer, n=1, ks=[1], limit=1, greedy=False, use_cache=False,
+                   progress=False)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "task 'vowels' declares no default_max_new_tokens" in err and "256" in err

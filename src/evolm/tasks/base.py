@@ -74,6 +74,11 @@ class Task(ABC):
     reference: str | None = None
     """The name a user's task was found by (entry point or ``module:Class``), set by ``make_task``; None for built-ins."""
 
+    default_max_new_tokens: int | None = None
+    """The completion length ``evolm eval`` gives this task when ``--max-new-tokens`` is not given (gsm8k 256,
+    a multiple-choice task 32); None: not declared, and eval uses ``evaluate.FALLBACK_MAX_NEW_TOKENS`` and says
+    so. A run's own evaluation uses ``eval.max_new_tokens`` (else ``generation.max_new_tokens``) instead."""
+
     own_checker: bool = True
     """Whether ``check`` is a real judgement of correctness. With reward functions and no correctness
     function, a task without one (``dataset`` without ``checker``) counts ``reward >= threshold``."""
