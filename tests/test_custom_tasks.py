@@ -9,6 +9,7 @@ directory; its vowel-share reward moves within a few ES updates.
 from __future__ import annotations
 
 import json
+import tomllib
 import os
 import subprocess
 import sys
@@ -538,3 +539,30 @@ def test_eval_of_a_plugin_task_uses_the_tasks_own_completion_length(plugin_path,
                    progress=False)
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "task 'vowels' declares no default_max_new_tokens" in err and "256" in err
+
+
+def test_relative_paths_in_a_config_file_are_found_beside_it(tmp_path, monkeypatch, capsys):
+    """issue 44.5: a config's relative paths were read from the working directory, so a config beside its data and
+    reward file worked only from its own folder. A relative path that exists beside the file is resolved there;
+    one that does not (the shipped configs' repo-relative paths) stays relative to the working directory, as do
+    --set values and run.out_dir."""
+    from evolm.commands import main
+
+    project = tmp_path / "project"
+    project.mkdir()
+    write_module(project / "my_rewards.py", REWARDS_PY)
+    (project / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    (project / "model").mkdir()
+    (project / "job.toml").write_text(
+        '[run]\nout_dir = "runs"\n[model]\nspec = "model"\n'
+        '[task]\nname = "dataset"\nreward = ["my_rewards.py:length"]\nparams = { train = "rows.jsonl" }\n'
+        '[eval]\ntask = "arithmetic"\n')
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert main(["config", "es", "--resolve", str(project / "job.toml"), "--set", "task.params.test='held.jsonl'"]) == 0
+    resolved = tomllib.loads(capsys.readouterr().out)
+    assert resolved["model"]["spec"] == str(project / "model")
+    assert resolved["task"]["reward"] == [f"{project / 'my_rewards.py'}:length"]
+    assert resolved["task"]["params"] == {"train": str(project / "rows.jsonl"), "test": "held.jsonl"}  # --set: as given
+    assert resolved["run"]["out_dir"] == "runs"  # outputs go where the command runs
