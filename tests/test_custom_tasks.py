@@ -9,6 +9,7 @@ directory; its vowel-share reward moves within a few ES updates.
 from __future__ import annotations
 
 import json
+import tomllib
 import os
 import subprocess
 import sys
@@ -462,3 +463,106 @@ def reward(prompts, completions, **columns):
     assert [r["update_status"] for r in records] == ["skipped", "skipped"]
     assert all("verifier offline" in r["message"] for r in records)
     assert run.info()["status"] == "finished"
+
+
+def test_a_reward_that_scores_no_completion_of_an_update_stops_the_run_in_one_line(tiny_dir, tmp_path):
+    from evolm.jobs import run_es
+
+    module = write_module(tmp_path / "nones.py", '''
+def never(prompts, completions, **columns):
+    return [None] * len(completions)  # "cannot score": every completion, every member
+
+def some(prompts, completions, **columns):
+    return [None if i % 2 else 0.5 for i, _ in enumerate(completions)]
+''')
+
+    def job(name, reward):
+        return config.from_dict(config.ESJob, {}, [
+            f"model.spec='{tiny_dir}'", f"run.out_dir='{tmp_path}'", f"run.name='{name}'", "run.progress=false",
+            f"task.reward='{module}:{reward}'", "es.iterations=2", "es.population=2", "es.prompts_per_iteration=2",
+            "eval.before_after=false", "probe.every=0", "generation.max_new_tokens=4", "run.checkpoint_every=0"])
+
+    with pytest.raises(UserError) as e:
+        run_es(job("never", "never"), quiet=True)
+    message = str(e.value)
+    assert "\n" not in message and f"{module}:never" in message and "update 1" in message
+    assert "returned None for every completion" in message and "0.0" in message  # the fix: a number for a wrong answer
+    from evolm.runs import RunDir
+
+    info = RunDir.open(tmp_path / "never").info()
+    assert info["status"] == "failed" and not RunDir.open(tmp_path / "never").train_records()
+
+    run = run_es(job("some", "some"), quiet=True)  # None for some completions: "does not apply", the run goes on
+    assert run.info()["status"] == "finished" and len(run.train_records()) == 2
+
+
+def test_grpo_stops_too_when_no_completion_of_a_step_is_scored(tmp_path, tokenizer):
+    from evolm.grpo import make_reward_fn
+
+    module = write_module(tmp_path / "nones.py", '''
+def never(prompts, completions, **columns):
+    return [None] * len(completions)
+
+def some(prompts, completions, **columns):
+    return [None if i % 2 else 0.5 for i, _ in enumerate(completions)]
+''')
+    rows = [{"prompt": f"Say {w}", "answer": w} for w in ("yes", "no", "maybe", "ok")]
+    data = str(_write(tmp_path, "jsonl", rows))
+    ids = [tokenizer("yes", add_special_tokens=False)["input_ids"]] * 2
+    some = make_task("dataset", [f"{module}:some"], path=data, test_fraction=0.25)
+    fn = make_reward_fn(some, some.examples("train", 2), tokenizer)
+    assert fn(["p", "p"], ["c", "c"], ids, [0, 1]) == [0.5, 0.0]
+    never = make_task("dataset", [f"{module}:never"], path=data, test_fraction=0.25)
+    fn = make_reward_fn(never, never.examples("train", 2), tokenizer)
+    with pytest.raises(RewardError, match=r"returned None for every completion .* return 0\.0"):
+        fn(["p", "p"], ["c", "c"], ids, [0, 1])
+
+
+def test_eval_of_a_plugin_task_uses_the_tasks_own_completion_length(plugin_path, tiny_model, tokenizer, capsys):
+    """issue 44.5: `evolm eval` on a plugin task generated up to 256 tokens (54 s for 2 problems on a one-word task):
+    a task declares its own length (``Task.default_max_new_tokens``, as gsm8k does), and one that declares none
+    is evaluated at 256 with a line saying so."""
+    from conftest import make_vowel_task
+    from evolm.evaluate import default_max_new_tokens, evaluate_model
+
+    assert default_max_new_tokens(make_task("vowel_words")) == 16  # the example plugin's one word
+    report = evaluate_model(tiny_model, [make_task("vowel_words")], tokenizer=tokenizer, n=1, ks=[1], limit=1,
+                            greedy=False, use_cache=False, progress=False)
+    assert report["tasks"]["vowel_words"]["sampling"]["max_new_tokens"] == 16
+    assert "default_max_new_tokens" not in capsys.readouterr().err
+    undeclared = make_vowel_task()
+    assert default_max_new_tokens(undeclared) == 256
+    evaluate_model(tiny_model, [undeclared], tokenizer=tokenizer, n=1, ks=[1], limit=1, max_new_tokens=2, greedy=False,
+                   use_cache=False, progress=False)
+    assert capsys.readouterr().err == ""  # --max-new-tokens given: nothing to say
+    evaluate_model(tiny_model, [undeclared], tokenizer=tokenizer, n=1, ks=[1], limit=1, greedy=False, use_cache=False,
+                   progress=False)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "task 'vowels' declares no default_max_new_tokens" in err and "256" in err
+
+
+def test_relative_paths_in_a_config_file_are_found_beside_it(tmp_path, monkeypatch, capsys):
+    """issue 44.5: a config's relative paths were read from the working directory, so a config beside its data and
+    reward file worked only from its own folder. A relative path that exists beside the file is resolved there;
+    one that does not (the shipped configs' repo-relative paths) stays relative to the working directory, as do
+    --set values and run.out_dir."""
+    from evolm.commands import main
+
+    project = tmp_path / "project"
+    project.mkdir()
+    write_module(project / "my_rewards.py", REWARDS_PY)
+    (project / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    (project / "model").mkdir()
+    (project / "job.toml").write_text(
+        '[run]\nout_dir = "runs"\n[model]\nspec = "model"\n'
+        '[task]\nname = "dataset"\nreward = ["my_rewards.py:length"]\nparams = { train = "rows.jsonl" }\n'
+        '[eval]\ntask = "arithmetic"\n')
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert main(["config", "es", "--resolve", str(project / "job.toml"), "--set", "task.params.test='held.jsonl'"]) == 0
+    resolved = tomllib.loads(capsys.readouterr().out)
+    assert resolved["model"]["spec"] == str(project / "model")
+    assert resolved["task"]["reward"] == [f"{project / 'my_rewards.py'}:length"]
+    assert resolved["task"]["params"] == {"train": str(project / "rows.jsonl"), "test": "held.jsonl"}  # --set: as given
+    assert resolved["run"]["out_dir"] == "runs"  # outputs go where the command runs

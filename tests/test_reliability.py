@@ -268,6 +268,22 @@ def test_a_run_that_failed_before_computing_anything_can_be_created_again(tmp_pa
         RunDir.create(tmp_path, "r", "", kind="es")
 
 
+@pytest.mark.parametrize("verb", ["es", "grpo"])
+def test_an_existing_run_directory_is_refused_before_the_model_loads(verb, tmp_path):
+    """issue 44.5: "run directory already exists" came after the model, task and data were built (~10 s); it
+    comes right after the config is read now, before the model spec is even looked at (here it names nothing)."""
+    RunDir.create(tmp_path, "existing", "a = 1\n", kind=verb)
+    repo = Path(__file__).resolve().parents[1]
+    code = ("from evolm.commands import main; "
+            f"rc = main(['{verb}', '--config', '{repo}/configs/{verb}-arithmetic.toml', '--set', "
+            f"\"model.spec='{tmp_path}/no-such-model'\", '--set', \"run.out_dir='{tmp_path}'\", '--set', "
+            "\"run.name='existing'\"]); print(rc)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(repo / "src")})
+    assert "already exists; pass --resume" in out.stderr and out.stderr.count("\n") == 1, out.stderr
+    assert out.stdout.split()[0] == "2"
+
+
 def test_late_errors_leave_no_run_directory(tmp_path, tokenizer, capsys):
     tiny = tmp_path / "tiny"
     make_tiny_model(tokenizer).save_pretrained(tiny)

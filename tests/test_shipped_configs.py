@@ -28,6 +28,9 @@ def test_shipped_config_loads_validates_and_uses_current_names(path):
     data = tomllib.loads(path.read_text())
     cfg = config.load(_job_class(path, data), path)
     config.validate(cfg)
+    # --config FILE looks relative paths up beside the file first: none of a shipped config's is there, so it
+    # means what it always meant (repo-relative data files, built-in names, hub ids)
+    assert config.to_dict(config.load(_job_class(path, data), path, paths_from_file=True)) == config.to_dict(cfg)
     for section in ("task", "eval", "probe"):
         reward = data.get(section, {}).get("reward")
         assert reward not in DEPRECATED, f"{path}: {section}.reward = '{reward}' is deprecated"

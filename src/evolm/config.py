@@ -10,6 +10,14 @@ Design decisions:
   overrides (TOML literals: ``es.sigma=0.002``, ``task.params.digits=3``), rejects unknown fields with a
   did-you-mean, checks types, then calls each section's ``validate()``. Every failure is a
   ``ConfigError`` whose one-line message names the field.
+- A user's config file (``load(..., paths_from_file=True)``: ``--config FILE`` of a job verb, sweeps,
+  ``evolm config --resolve``) has its relative paths looked up beside the file first (``resolve_paths``):
+  ``model.spec``, the ``file.py`` of ``task.name`` / ``task.reward`` / ``task.correct`` / ``eval.task`` /
+  ``probe.task``, and the data files of ``task.params`` / ``eval.params`` / ``probe.params`` (``PATH_PARAMS``).
+  One that exists there becomes that absolute path; one that does not stays as written, relative to
+  the working directory (the shipped configs' repo-relative paths, hub ids, built-in names). ``--set``
+  values and ``run.out_dir`` are never moved: a run directory goes where the command runs. A run
+  directory's ``config.toml`` records the resolved values and is read as written (resume, replay).
 - The resolved config (defaults filled in) is written back into every run directory as
   ``config.toml`` so a run is reproducible from its directory alone.
 - Field docstrings are read from this file's source (``field_docs``) so ``evolm config`` can print
@@ -623,14 +631,66 @@ def apply_override(data: dict, assignment: str) -> None:
     node[parts[-1]] = parse_value(text.strip())
 
 
-def read_toml(path: str | Path) -> dict:
+def read_toml(path: str | Path, *, paths_from_file: bool = False) -> dict:
+    """The TOML of a config file; ``paths_from_file``: a user's file, whose relative paths are looked up beside
+    it first (``resolve_paths``), not a run directory's ``config.toml`` (already resolved)."""
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"config file {path} does not exist")
     try:
-        return tomllib.loads(path.read_text())
+        data = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
+    return resolve_paths(data, path.parent) if paths_from_file else data
+
+
+PATH_PARAMS = ("path", "train_path", "train", "test")
+"""The task params that name data files (dataset's ``path`` / ``train`` / ``test``, countdown's and gsm8k's
+``path`` / ``train_path``), looked up beside a config file (``resolve_paths``)."""
+
+
+def _beside(value: Any, base: Path) -> Any:
+    """``value`` as ``base / value`` when that exists (a relative path given beside the config file), else as is."""
+    if not isinstance(value, str) or not value or Path(value).expanduser().is_absolute() or value.startswith("~"):
+        return value
+    there = base / value
+    return str(there) if there.exists() else value
+
+
+def _reference_beside(value: Any, base: Path) -> Any:
+    """``file.py:NAME`` (also with arguments) with its file looked up beside the config file; anything else as is."""
+    if not isinstance(value, str):
+        return value
+    target, colon, rest = value.partition(":")
+    if not colon or not target.endswith(".py"):
+        return value
+    return f"{_beside(target, base)}:{rest}"
+
+
+def resolve_paths(data: dict, base: str | Path) -> dict:
+    """The raw TOML ``data`` of a config file in directory ``base`` with its relative paths resolved beside it
+    where they exist there (module docstring); returns a new dict."""
+    base = Path(base).resolve()
+    data = _deepcopy(data)
+    model = data.get("model")
+    if isinstance(model, dict) and "spec" in model:
+        model["spec"] = _beside(model["spec"], base)
+    for name in ("task", "eval", "probe"):
+        section = data.get(name)
+        if not isinstance(section, dict):
+            continue
+        for key in ("name", "task", "correct"):
+            if key in section:
+                section[key] = _reference_beside(section[key], base)
+        if "reward" in section:
+            reward = section["reward"]
+            section["reward"] = ([_reference_beside(r, base) for r in reward] if isinstance(reward, list)
+                                 else _reference_beside(reward, base))
+        if isinstance(section.get("params"), dict):
+            for key in PATH_PARAMS:
+                if key in section["params"]:
+                    section["params"][key] = _beside(section["params"][key], base)
+    return data
 
 
 def from_dict(cls, data: dict, overrides: list[str] | tuple[str, ...] = ()):
@@ -643,9 +703,11 @@ def from_dict(cls, data: dict, overrides: list[str] | tuple[str, ...] = ()):
     return cfg
 
 
-def load(cls, path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()):
-    """Load ``cls`` from a TOML file (or defaults when ``path`` is None), apply overrides, validate."""
-    return from_dict(cls, read_toml(path) if path else {}, overrides)
+def load(cls, path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (), *,
+         paths_from_file: bool = False):
+    """Load ``cls`` from a TOML file (or defaults when ``path`` is None), apply overrides, validate.
+    ``paths_from_file``: relative paths of the file are looked up beside it first (``read_toml``)."""
+    return from_dict(cls, read_toml(path, paths_from_file=paths_from_file) if path else {}, overrides)
 
 
 def validate(cfg) -> None:

@@ -41,6 +41,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -338,9 +339,13 @@ def _judge_all(task, examples, outputs, prompts) -> list[list]:
     return [[next(it) for _ in comps] for comps in outputs]
 
 
+FALLBACK_MAX_NEW_TOKENS = 256
+"""The completion length of a task that declares no ``default_max_new_tokens``."""
+
+
 def default_max_new_tokens(task) -> int:
-    """Completion budget when none is given: the task's ``default_max_new_tokens``, else 256."""
-    return int(getattr(task, "default_max_new_tokens", 256))
+    """Completion budget when none is given: the task's ``default_max_new_tokens``, else ``FALLBACK_MAX_NEW_TOKENS``."""
+    return int(getattr(task, "default_max_new_tokens", None) or FALLBACK_MAX_NEW_TOKENS)
 
 
 def _model_name(spec: str) -> str:
@@ -422,6 +427,10 @@ def evaluate_model(spec_or_model: Any, tasks: Sequence[Any], *, tokenizer=None, 
     generator = HFGenerator(model, tokenizer, batch_size=batch_size)
     results = []
     for task, examples in drawn:
+        if not max_new_tokens and not getattr(task, "default_max_new_tokens", None):
+            print(f"evolm: note: task '{task.name}' declares no default_max_new_tokens: completions of up to "
+                  f"{FALLBACK_MAX_NEW_TOKENS} tokens (give --max-new-tokens N, or set default_max_new_tokens on the "
+                  "task class)", file=sys.stderr)
         sampling = SamplingParams(n=n, temperature=temperature, top_p=top_p, seed=seed,
                                   max_new_tokens=max_new_tokens or default_max_new_tokens(task))
         results.append(evaluate_task(generator, task, tokenizer, examples, sampling, ks, cache=cache,

@@ -71,6 +71,7 @@ from evolm.config import (MAX_TEMPERATURE, EvalConfig, GenerationConfig, ModelCo
                           require)
 from evolm.errors import UserError
 from evolm.heldout import probe_record
+from evolm.rewards import nothing_scored
 from evolm.runs import RunDir, TrainResult, budget_reached, save_model_dir, train_record
 
 METHOD = "grpo"
@@ -320,7 +321,10 @@ def make_reward_fn(task, examples: list, tokenizer, meter: RolloutMeter | None =
     def reward(prompts, completions, completion_ids, example_index, **_):
         exs = [examples[int(i)] for i in example_index]
         texts = [tokenizer.decode(ids, skip_special_tokens=True) for ids in completion_ids]
-        out = [float(r) for r in task.score(exs, texts)]
+        out = task.score(exs, texts, unscored=None)
+        if out and all(r is None for r in out) and task.user_rewards is not None:
+            raise nothing_scored(task.user_rewards, f"a step's {len(out)} completions")  # 0 for all: no advantage
+        out = [0.0 if r is None else float(r) for r in out]
         if meter is not None:
             meter.rewards += out
             meter.correct += [bool(v.correct) for v in task.judge(exs, texts)]

@@ -10,7 +10,8 @@ Design decisions:
   directory looks the same whoever wrote it and a new method needs only its loop.
 - Everything that can be checked is checked before the run directory is created: the config, the
   task and its data, the model spec, and (ES) the parameter selection. A bad input leaves no
-  half-written directory behind.
+  half-written directory behind. A new run whose directory already holds a run is refused first of
+  all, right after the config is validated (``check_new_run``), not after seconds of loading.
 - ``open_run`` creates a run directory, or reopens one to resume. A resume never changes the past and
   never moves the run backwards (``resume_point`` checks everything before any file changes): the kind
   must match; a field other than the budget and the operational ones
@@ -329,6 +330,15 @@ def open_run(cfg, kind: str, *, resume: RunDir | str | Path | None = None, run_d
     return run, Start()
 
 
+def check_new_run(cfg, resume=None, run_dir=None) -> None:
+    """A new run whose directory already holds a run is refused here, right after the config is validated,
+    not seconds later when ``open_run`` creates it (``RunDir.check_new``)."""
+    if resume is not None:
+        return
+    path = Path(run_dir.path if isinstance(run_dir, RunDir) else run_dir) if run_dir is not None else None
+    RunDir.check_new(*((path.parent, path.name) if path is not None else (cfg.run.out_dir, cfg.run.name)))
+
+
 def restore_base_dir(run: RunDir, model, say: Say = print) -> None:
     """A resumed run whose ``run.json`` keeps its rounded base in ``<run>/base/`` but whose directory lacks it
     (a copy without weights: a committed run continued by replaying its seed log) gets it back from ``model``,
@@ -455,6 +465,7 @@ def run_es(cfg, resume=None, *, model=None, tokenizer=None, task: Task | None = 
     """
     say = say_for(quiet)
     config_mod.validate(cfg)
+    check_new_run(cfg, resume, run_dir)
     if population_factory is not None and cfg.distributed.workers >= 2:
         raise UserError("a population_factory scores members in this process; set distributed.workers=0")
     ray_population.check_local_gpus(cfg)  # GPUs a private Ray instance cannot give: refused before anything loads
@@ -535,6 +546,7 @@ def run_grpo(cfg, resume=None, *, model=None, tokenizer=None, task: Task | None 
     """
     say = say_for(quiet)
     config_mod.validate(cfg)
+    check_new_run(cfg, resume, run_dir)
     grpo.import_trl()
     if resume is not None:
         resume = resume if isinstance(resume, RunDir) else RunDir.open(resume)

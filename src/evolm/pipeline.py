@@ -471,6 +471,7 @@ def run_pipeline(cfg: PipelineJob, resume=None, *, model=None, tokenizer=None, t
       to every stage of that method (tests use them to interrupt a stage).
     """
     config_mod.validate(cfg)
+    jobs.check_new_run(cfg, resume, run_dir)
     p = cfg.pipeline
     plan = plan_stages(p.stages, p.budget, p.interleave, match=p.match, caps={"es": cfg.es.iterations, "grpo": cfg.grpo.steps})
     say = say_for(quiet)

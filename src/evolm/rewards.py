@@ -105,6 +105,17 @@ class RewardError(UserError):
     """A reward or correctness function broke its contract (raised, wrong length, not a number, NaN)."""
 
 
+def nothing_scored(rewards: "RewardFunctions", where: str) -> RewardError:
+    """The one line that stops a run when no reward function scored any completion of ``where`` (an ES update's
+    members, a GRPO step's completions): that step has no signal, and a reward that never scores gives none later."""
+    several = len(rewards.refs) > 1
+    return RewardError(
+        f"reward function{'s' if several else ''} '{rewards.name}' returned None for every completion of {where}, so "
+        "nothing was scored and training has no signal; None means the function cannot score that completion (TRL: "
+        "it does not apply to the row): return 0.0 for a wrong or unparseable answer and keep None for rows the "
+        "function is not about")
+
+
 def is_convention(name: str) -> bool:
     """Whether ``name`` is a built-in convention (current or deprecated name), not a reward function."""
     return name in CONVENTIONS or name in DEPRECATED
@@ -230,13 +241,15 @@ class RewardFunctions:
             raise RewardError(f"reward function '{ref}' raised {type(e).__name__}: {text}") from e
         return _values(f"reward function '{ref}'", out, len(completions), kind)
 
-    def rewards(self, prompts: list[str], completions: list[str], columns: dict[str, list]) -> list[float]:
-        """The weighted total per completion."""
+    def rewards(self, prompts: list[str], completions: list[str], columns: dict[str, list],
+                unscored: float | None = 0.0) -> list[float | None]:
+        """The weighted total per completion; ``unscored`` for a completion no function gave a number (0, as
+        TRL's nansum; None keeps it apart, which ES uses to tell a reward that scored nothing)."""
         per_fn = [self._call(fn, ref, prompts, completions, columns, "float") for fn, ref in zip(self.functions, self.refs)]
         totals = []
         for i in range(len(completions)):
             got = [(w, values[i]) for w, values in zip(self.weights, per_fn) if values[i] is not None]
-            totals.append(float(sum(w * v for w, v in got)) if got else 0.0)
+            totals.append(float(sum(w * v for w, v in got)) if got else unscored)
         return totals
 
     def correct(self, prompts: list[str], completions: list[str], columns: dict[str, list]) -> list[bool] | None:

@@ -224,10 +224,7 @@ class RunDir:
         name = name.replace("{time}", time.strftime("%Y%m%d-%H%M%S"))
         path = Path(out_dir) / name
         try:
-            if path.exists() and any(path.iterdir()) and not exist_ok:
-                if not cls(path).failed_before_computing():
-                    raise UserError(f"run directory {path} already exists; pass --resume to continue it or choose "
-                                    "another run.name")
+            if not exist_ok and cls.check_new(out_dir, name):
                 shutil.rmtree(path)
             path.mkdir(parents=True, exist_ok=True)
             run = cls(path)
@@ -243,6 +240,19 @@ class RunDir:
                                 "or free space") from None
             raise
         return run
+
+    @classmethod
+    def check_new(cls, out_dir: str | Path, name: str) -> bool:
+        """Refuse (one line) a new run at ``out_dir/name`` where a run directory with work in it exists; True
+        when a run that failed before computing anything is there (``create`` replaces it). Cheap: the jobs
+        call it right after the config is read, before anything loads."""
+        path = Path(out_dir) / name
+        if "{time}" in name or not path.is_dir() or not any(path.iterdir()):
+            return False
+        if not cls(path).failed_before_computing():
+            raise UserError(f"run directory {path} already exists; pass --resume to continue it or choose "
+                            "another run.name")
+        return True
 
     def failed_before_computing(self) -> bool:
         """A run that stopped (failed or interrupted) before it computed anything: no metrics record,

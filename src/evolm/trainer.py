@@ -292,7 +292,7 @@ class _Trainer:
         else:
             spec = str(save_model(model, processing_class, root))
         sets.append(f"model.spec={config_mod.toml_inline(spec)}")
-        data = config_mod.read_toml(self.args.config_file) if self.args.config_file else {}
+        data = config_mod.read_toml(self.args.config_file, paths_from_file=True) if self.args.config_file else {}
         self.job = config_mod.from_dict(self._job_class(), data, sets)
 
     def _task_overrides(self, root: Path, task, task_params, train_dataset, eval_dataset) -> list[str]:

@@ -9,6 +9,7 @@ from evolm import Example, Task, Verdict
 class VowelWords(Task):
     name = "vowel_words"
     instruction = "Answer with one word."
+    default_max_new_tokens = 16  # `evolm eval`'s completion length for this task (one word)
 
     def configure(self, target: float = 0.5) -> None:
         self.target = float(target)

@@ -34,7 +34,9 @@ def job_config(kind: str, args, verb: str | None = None):
     if not args.config:
         raise UserError(f"evolm {verb or kind} needs --config FILE (or --resume RUN_DIR); "
                         f"`evolm config {kind}` prints every field")
-    return config.load(job.config_class, args.config, args.overrides), None
+    cfg = config.load(job.config_class, args.config, args.overrides, paths_from_file=True)
+    RunDir.check_new(cfg.run.out_dir, cfg.run.name)  # before the model, task and data load (seconds)
+    return cfg, None
 
 
 def before_after_table(before: dict, after: dict, ks, temperature: float = 1.0) -> str:

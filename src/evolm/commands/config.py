@@ -20,7 +20,7 @@ def run(args) -> int:
 
     cls = job_kind(args.job).config_class
     if args.resolve:
-        print(config.to_toml(config.load(cls, args.resolve, args.overrides)), end="")
+        print(config.to_toml(config.load(cls, args.resolve, args.overrides, paths_from_file=True)), end="")
     else:
         print("\n".join(config.describe(cls)))
     return 0

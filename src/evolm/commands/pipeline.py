@@ -77,8 +77,8 @@ def _split_sweep(args, splits: list[str]) -> int:
     if not args.config:
         raise UserError("evolm pipeline needs --config FILE; `evolm config pipeline` prints every field")
     points = split_points(splits, _split_list(args.orders) or list(ORDERS))
-    base = config.read_toml(args.config)
-    name = config.load(PipelineJob, args.config, args.overrides).run.name  # validates the base config
+    base = config.read_toml(args.config, paths_from_file=True)
+    name = config.load(PipelineJob, args.config, args.overrides, paths_from_file=True).run.name  # validates the base config
     out = Path(args.out) if args.out else Path(base.get("run", {}).get("out_dir", "runs")) / name
     sweep = run_sweep(base, {}, out, kind="pipeline", overrides=args.overrides, config_path=args.config, points=points,
                       analyze=ablations_for)

@@ -37,7 +37,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    base = read_toml(args.config) if args.config else {}
+    base = read_toml(args.config, paths_from_file=True) if args.config else {}
     grid = parse_grid(args.grid)
     out = Path(args.out) if args.out else default_out(args.config, base)
     sweep = run_sweep(base, grid, out, kind=args.kind, overrides=args.overrides, config_path=args.config,

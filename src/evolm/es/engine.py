@@ -23,6 +23,11 @@ Design decisions:
 - Everything random is a pure function of ``(run.seed, iteration, member)``, so a killed run resumed
   from its newest checkpoint reaches bit-identical weights, and the seed log (per update: the
   coefficients and the step scale) replays the whole run from the base model (``replay``).
+- A reward function's None means "cannot score this completion" (TRL: does not apply), and such a completion
+  counts 0. An update in which no reward function scored any completion of any member has no fitness
+  signal by construction, which is a reward that never scores (it returns None for a wrong answer
+  instead of 0.0), not bad luck: the run stops at that update with one line naming the reward
+  (``check_scored``). None for some completions is fine and the run goes on.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from evolm.es.lowrank_population import LowRankPopulation
 from evolm.es.population import LocalPopulation, score_completions
 from evolm.es.update import compute_update, member_layout
 from evolm.heldout import probe_record
+from evolm.rewards import nothing_scored
 from evolm.runs import RunDir, TrainResult, budget_reached, load_weights, train_record
 from evolm.seeding import derive_seed, seed31
 from evolm.tasks.base import Example, Task
@@ -371,6 +377,13 @@ def train(cfg, comps, run: RunDir, start, params: ParamSet, *, probe: Callable |
     return TrainResult(steps=step, final_model=float32_model(model, params), totals=totals)
 
 
+def check_scored(task: Task, scores, members: int, step: int) -> None:
+    """One line (``rewards.nothing_scored``) when no reward function scored any completion of any of the
+    ``members`` (``MemberScores.unscored``): the update would have no fitness signal, nor would a later one."""
+    if members and len(scores.unscored) >= members and task.user_rewards is not None:
+        raise nothing_scored(task.user_rewards, f"all {members} members at update {step}")
+
+
 def _iteration(cfg, run: RunDir, population, task, tokenizer, generator, layout, iteration: int, sampling_base: dict,
                totals: dict, bar, quiet: bool) -> dict:
     """One ES update: score, update, log (metrics record + seed-log record); returns the metrics record."""
@@ -380,6 +393,7 @@ def _iteration(cfg, run: RunDir, population, task, tokenizer, generator, layout,
     sampling = SamplingParams(seed=seed31(cfg.run.seed, "sampling", iteration), **sampling_base)
     scores = population.score(iteration, layout, es.sigma, examples, prompts, sampling,
                               on_member=(lambda: bar.update(1)) if bar is not None else None)
+    check_scored(task, scores, len(layout), iteration + 1)
     t_update = time.perf_counter()
     update = compute_update(scores.fitness, estimator=es.estimator, shaping=es.shaping, lr=es.lr, sigma=es.sigma,
                             divide_by_sigma=es.divide_by_sigma, errors=scores.errors)
@@ -398,7 +412,7 @@ def _iteration(cfg, run: RunDir, population, task, tokenizer, generator, layout,
     if es.eval_center_every and step % es.eval_center_every == 0:
         population.sync()
         t0 = time.perf_counter()
-        extra["center_reward"], _ = score_completions(task, examples, generator.generate(prompts, sampling), prompts)
+        extra["center_reward"], _, _ = score_completions(task, examples, generator.generate(prompts, sampling), prompts)
         extra["seconds_center"] = time.perf_counter() - t0
     seconds = time.perf_counter() - t_start
     totals["seconds_total"] += seconds

@@ -68,28 +68,37 @@ class MemberScores:
     gen_tokens: int = 0
     extra: dict = field(default_factory=dict)
     """Population-specific counters logged with the update (a Ray population: actors, restarts)."""
+    unscored: list[int] = field(default_factory=list)
+    """Members none of whose completions any reward function scored (each returned None: fitness 0)."""
 
     def add(self, member: int, task: Task, examples: list[Example], completions, prompts: list[str] | None = None) -> None:
-        """Record member ``member``'s fitness (``score_completions``), its reward error if any, and what it generated."""
-        fitness, error = score_completions(task, examples, completions, prompts)
+        """Record member ``member``'s fitness (``score_completions``), its reward error if any, whether any of its
+        completions was scored, and what it generated."""
+        fitness, error, scored = score_completions(task, examples, completions, prompts)
         self.fitness.append(fitness)
         if error:
             self.errors[member] = error
+        if not scored:
+            self.unscored.append(member)
         self.gen_sequences += sum(len(c) for c in completions)
         self.gen_tokens += sum(x.num_tokens for c in completions for x in c)
 
 
 def score_completions(task: Task, examples: list[Example], completions, prompts: list[str] | None = None
-                      ) -> tuple[float, str | None]:
-    """Mean reward over all completions of all examples (``task.score``: one batched call of the reward
-    functions, if any); a reward that raises gives NaN and its message."""
+                      ) -> tuple[float, str | None, bool]:
+    """``(fitness, error, scored)``: the mean reward over all completions of all examples (``task.score``: one
+    batched call of the reward functions, if any; a completion no function scored counts 0); a reward that
+    raises gives NaN and its message; ``scored``: whether any completion got a number from a reward function."""
     rows = [(ex, c.text, None if prompts is None else prompts[i]) for i, (ex, outs) in enumerate(zip(examples, completions))
             for c in outs]
     try:
-        rewards = task.score([r[0] for r in rows], [r[1] for r in rows], None if prompts is None else [r[2] for r in rows])
+        rewards = task.score([r[0] for r in rows], [r[1] for r in rows], None if prompts is None else [r[2] for r in rows],
+                             unscored=None)
     except Exception as e:  # a broken reward must not take the run down or reach the weights
-        return float("nan"), f"{type(e).__name__}: {e}"
-    return (float(np.mean(rewards)) if rewards else float("nan")), None
+        return float("nan"), f"{type(e).__name__}: {e}", True
+    scored = any(r is not None for r in rewards) or not rewards
+    rewards = [0.0 if r is None else r for r in rewards]
+    return (float(np.mean(rewards)) if rewards else float("nan")), None, scored
 
 
 class LocalPopulation:

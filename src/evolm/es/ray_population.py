@@ -330,7 +330,7 @@ class Replica:
     def score(self, iteration: int, direction: int, sign: int, sigma: float, batch) -> dict:
         examples, prompts, sampling = batch
         s = self.population.score(iteration, [(direction, sign)], sigma, examples, prompts, sampling)
-        return {"fitness": s.fitness[0], "error": s.errors.get(0), "seconds": s.seconds,
+        return {"fitness": s.fitness[0], "error": s.errors.get(0), "unscored": bool(s.unscored), "seconds": s.seconds,
                 "gen_sequences": s.gen_sequences, "gen_tokens": s.gen_tokens}
 
     def apply_update(self, iteration: int, coefficients: list[float], scale: float) -> dict:
@@ -668,6 +668,8 @@ class RayPopulation:
             out.fitness[member] = result["fitness"]
             if result["error"]:
                 out.errors[member] = result["error"]
+            if result.get("unscored"):
+                out.unscored.append(member)
             for k, v in result["seconds"].items():
                 out.seconds[k] = out.seconds.get(k, 0.0) + v
             out.gen_sequences += result["gen_sequences"]

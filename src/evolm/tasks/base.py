@@ -74,6 +74,11 @@ class Task(ABC):
     reference: str | None = None
     """The name a user's task was found by (entry point or ``module:Class``), set by ``make_task``; None for built-ins."""
 
+    default_max_new_tokens: int | None = None
+    """The completion length ``evolm eval`` gives this task when ``--max-new-tokens`` is not given (gsm8k 256,
+    a multiple-choice task 32); None: not declared, and eval uses ``evaluate.FALLBACK_MAX_NEW_TOKENS`` and says
+    so. A run's own evaluation uses ``eval.max_new_tokens`` (else ``generation.max_new_tokens``) instead."""
+
     own_checker: bool = True
     """Whether ``check`` is a real judgement of correctness. With reward functions and no correctness
     function, a task without one (``dataset`` without ``checker``) counts ``reward >= threshold``."""
@@ -160,13 +165,16 @@ class Task(ABC):
         built-in task), never the chat-rendered text the model was fed."""
         return self.verbatim_prompt(example) or example.question
 
-    def score(self, examples: list[Example], completions: list[str], prompts: list[str] | None = None) -> list[float]:
+    def score(self, examples: list[Example], completions: list[str], prompts: list[str] | None = None,
+              unscored: float | None = 0.0) -> list[float | None]:
         """The reward of each ``completions[i]`` of ``examples[i]``: the reward functions in one batched call when
         the task has them (their ``prompts``: ``reward_prompt`` of each example, as TRL passes them), else the
-        convention one by one. ``prompts`` (the rendered texts the model saw) is accepted and not used."""
+        convention one by one. ``prompts`` (the rendered texts the model saw) is accepted and not used.
+        ``unscored``: the value of a completion no reward function gave a number (all returned None)."""
         if self.user_rewards is None or not self.user_rewards.refs:
             return [float(self.reward(c, ex)) for c, ex in zip(completions, examples, strict=True)]
-        return self.user_rewards.rewards([self.reward_prompt(ex) for ex in examples], completions, self.columns(examples))
+        return self.user_rewards.rewards([self.reward_prompt(ex) for ex in examples], completions, self.columns(examples),
+                                         unscored)
 
     def judge(self, examples: list[Example], completions: list[str], prompts: list[str] | None = None) -> list[Verdict]:
         """``check`` of each completion, its ``correct`` decided by the correctness function when there is one,

@@ -94,6 +94,8 @@ class CodeTask(Task):
     (``(solution, tests)`` for the sandbox).
     """
 
+    default_max_new_tokens = 256  # evolm eval's completion length for a program
+
     splits = ("test",)
 
     def configure(self, timeout_s: float = 5.0, memory_mb: int = 512) -> None:

@@ -62,6 +62,7 @@ class ProceduralTask(Task):
 
     shots: int = 1
     """Worked demonstrations shown before the question (set by the subclass's ``configure``)."""
+    default_max_new_tokens = 256  # evolm eval's length (kept from before tasks declared it; the configs train with less)
 
     def stratum(self, rng: random.Random) -> Any:
         """The stratum of the next example (drawn before its problem); one stratum by default."""
