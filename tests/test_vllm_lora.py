@@ -161,3 +161,51 @@ def test_updates_equal_the_hf_lowrank_run_and_the_adapter_cache_does_not_grow(se
     assert _model_digests(model, hf.names) == moved
     population.close()
     assert generator.lora_count() == 0
+
+
+def test_es_cli_lora_run_equals_the_hf_lowrank_run(tmp_path):
+    """``evolm es`` with ``es.perturbation="lowrank"`` on vLLM (a second engine, started by the CLI) against the
+    HF low-rank run of the same config: its seed log replays its final weights bit for bit on the HF side,
+    final/ is in HF names, and the two runs' members score alike (measured: identical fitnesses in both
+    updates and bit-identical final weights; a greedy near-tie between vLLM's and HF's kernels may flip one
+    member's completion, so the first update allows one member to differ and the weights are compared
+    only when every fitness agrees)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    from evolm.es.engine import replay
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "runs"
+
+    def es(name, *extra):
+        cmd = [sys.executable, "-m", "evolm", "es", "--config", str(root / "configs" / "es-arithmetic.toml"),
+               "--set", 'es.perturbation="lowrank"', "--set", "es.params=['attention','mlp']", "--set", "es.iterations=2",
+               "--set", "es.population=4", "--set", "es.prompts_per_iteration=8", "--set", "es.sigma=0.02",
+               "--set", "eval.before_after=false", "--set", "probe.every=0", "--set", f'run.out_dir="{out}"',
+               "--set", f'run.name="{name}"', "--set", "run.progress=false", *extra]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        log = [json.loads(x) for x in (out / name / "seed_log.jsonl").read_text().splitlines()]
+        return log, load_file(str(out / name / "final" / "model.safetensors"))
+
+    lora_log, lora_final = es("lora", "--set", 'generation.backend="vllm"', "--set", "generation.vllm_enforce_eager=true",
+                              "--set", "generation.vllm_kv_cache_gb=0.5", "--set", "generation.vllm_max_model_len=512")
+    assert lora_log[0]["noise"]["kind"] == "lowrank" and [r.get("status") for r in lora_log[1:]] == ["applied", "applied"]
+    assert not any("qkv_proj" in n or "gate_up_proj" in n for n in lora_final)
+    cfg = config.load(config.ESJob, out / "lora" / "config.toml")
+    base, _ = models.load(models.DEFAULT_MODEL, threads=1)
+    replay(base, lora_log, cfg)
+    replayed = dict(base.named_parameters())
+    assert all(torch.equal(replayed[n], t) for n, t in lora_final.items() if n in replayed)
+
+    hf_log, hf_final = es("hf", "--set", 'generation.backend="hf"')
+    fitness = [(a["fitness"], b["fitness"]) for a, b in zip(lora_log[1:], hf_log[1:])]
+    assert sum(x == y for x, y in zip(*fitness[0])) >= 3, fitness
+    if all(a == b for a, b in fitness):
+        assert [r["coefficients"] for r in lora_log[1:]] == [r["coefficients"] for r in hf_log[1:]]
+        assert lora_final.keys() == hf_final.keys() and all(torch.equal(lora_final[n], hf_final[n]) for n in hf_final)
