@@ -31,10 +31,13 @@ POPULATION = 4
 SIGMA = 0.02  # members' greedy completions differ at 0.02 (tests/test_vllm_ray.py)
 
 
+def _sets(backend: str) -> list[str]:
+    return ["es.perturbation='lowrank'", f"es.rank={RANK}", "es.params=['attention','mlp']", f"es.population={POPULATION}",
+            "es.estimator='antithetic'", f"es.sigma={SIGMA}", f"generation.backend='{backend}'", "model.threads=1"]
+
+
 def _cfg(backend: str):
-    return config.from_dict(config.ESJob, {}, [
-        "es.perturbation='lowrank'", f"es.rank={RANK}", "es.params=['attention','mlp']", f"es.population={POPULATION}",
-        "es.estimator='antithetic'", f"es.sigma={SIGMA}", f"generation.backend='{backend}'", "model.threads=1"])
+    return config.from_dict(config.ESJob, {}, _sets(backend))
 
 
 @pytest.fixture(scope="module")
@@ -209,3 +212,47 @@ def test_es_cli_lora_run_equals_the_hf_lowrank_run(tmp_path):
     if all(a == b for a, b in fitness):
         assert [r["coefficients"] for r in lora_log[1:]] == [r["coefficients"] for r in hf_log[1:]]
         assert lora_final.keys() == hf_final.keys() and all(torch.equal(lora_final[n], hf_final[n]) for n in hf_final)
+
+
+def test_an_architecture_without_vllm_lora_is_refused_before_the_engine_starts():
+    from evolm.backends.vllm import lora_supported
+    from evolm.errors import UserError
+
+    assert lora_supported(["LlamaForCausalLM"]) is True
+    assert lora_supported(["GPT2LMHeadModel"]) is False  # vLLM 0.32's GPT-2 has no LoRA support
+    assert lora_supported(["NoSuchArchitecture"]) is None  # unknown: vLLM refuses the model itself
+    model, tok = models.load(models.DEFAULT_MODEL, threads=1)
+    model.config.architectures = ["GPT2LMHeadModel"]
+    with pytest.raises(UserError, match="cannot serve LoRA adapters for GPT2LMHeadModel"):
+        VLLMGenerator(model, tok, threads=1, lora_slots=2, lora_rank=RANK)
+
+
+def test_bf16_engine_updates_float32_masters_like_the_hf_lowrank_path():
+    """bfloat16 generation (a second engine): adapters are the factors cast to bf16, members are scored, and
+    updates go to the worker's float32 masters: after two updates the masters equal the HF low-rank ParamSet's
+    (bf16 model, float32 masters) bit for bit, and so do the live bf16 weights and the driver's copy."""
+    model, tok = models.load(models.DEFAULT_MODEL, threads=1, dtype="bfloat16")
+    reference = copy.deepcopy(model)
+    generator = VLLMGenerator(model, tok, threads=1, enforce_eager=True, kv_cache_gb=0.25, max_model_len=512,
+                              lora_slots=2, lora_rank=RANK)
+    try:
+        dtype = ["model.dtype='bfloat16'"]
+        engine = build_paramset(model, config.from_dict(config.ESJob, {}, [*_sets("vllm"), *dtype]), generator=generator)
+        hf = build_paramset(reference, config.from_dict(config.ESJob, {}, [*_sets("hf"), *dtype]))
+        assert engine.masters_in_engine and engine.local.masters is None and hf.masters is not None
+        adapters = generator.register_members(0, [(0, 1), (1, -1)], SIGMA)
+        held = generator.rpc("es_lora_digests", 2, hf.names[:7])[0]
+        for k, n in enumerate(hf.names[:7]):
+            lora_a, lora_b = adapter_factors(*hf.factors(k, 0, 1), -1, SIGMA)
+            assert held[n] == [digest(lora_a.to(torch.bfloat16)), digest(lora_b.to(torch.bfloat16))], n
+        out = generator.generate_members(["Write one word about cats:", "Name a river:"], SamplingParams(max_new_tokens=8),
+                                         adapters)
+        assert [len(m) for m in out] == [2, 2] and all(c.num_tokens > 0 for m in out for o in m for c in o)
+        for iteration, coefficients in ((0, [1.0, -0.5]), (1, [0.25, 0.75])):
+            assert engine.apply_update(iteration, coefficients, 1e-3)
+            hf.apply_update(iteration, coefficients, 1e-3)
+        masters = engine.masters  # written by the worker (the driver's copy catches up first, checked)
+        assert all(m.dtype == torch.float32 and torch.equal(m, h) for m, h in zip(masters, hf.masters))
+        assert _engine_digests(generator, hf.names) == _model_digests(reference, hf.names) == _model_digests(model, hf.names)
+    finally:
+        generator.close()

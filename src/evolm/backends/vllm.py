@@ -140,6 +140,11 @@ class VLLMGenerator(Generator):
         self.max_model_len = max_model_len
         self.lora_slots = int(lora_slots)
         if self.lora_slots:
+            architectures = list(getattr(model.config, "architectures", None) or [])
+            if lora_supported(architectures) is False:
+                raise UserError(f"vLLM {__import__('vllm').__version__} cannot serve LoRA adapters for {architectures[0]}, so "
+                                "its low-rank ES members cannot be adapters: set generation.backend='hf' (batched "
+                                "low-rank members) or es.perturbation='full'")
             extra.update(enable_lora=True, max_loras=self.lora_slots, max_cpu_loras=self.lora_slots,
                          max_lora_rank=lora_rank_bucket(lora_rank))
         self.llm = LLM(model=str(source), tokenizer=str(source), dtype=dtype, seed=seed,
@@ -326,6 +331,20 @@ class VLLMGenerator(Generator):
         if local.masters_elsewhere and self._paramset.worker_masters_sum() != self._paramset.local_sum():
             raise RuntimeError("the vLLM workers' float32 masters are not the driver's weights cast up")
         return self._paramset
+
+
+def lora_supported(architectures: list[str]) -> bool | None:
+    """Whether vLLM's model class for the first of ``architectures`` supports LoRA (None: unknown, e.g. an
+    architecture vLLM does not have; vLLM then refuses the model itself). Loaded in this process, before
+    any engine starts, so the refusal is one line instead of an engine start-up failure."""
+    try:
+        from vllm.model_executor.models import ModelRegistry
+        from vllm.model_executor.models.interfaces import supports_lora
+
+        cls = ModelRegistry._try_load_model_cls(architectures[0]) if architectures else None
+    except (ImportError, AttributeError):  # another vLLM's registry
+        return None
+    return None if cls is None else bool(supports_lora(cls))
 
 
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
