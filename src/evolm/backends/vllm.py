@@ -142,7 +142,9 @@ class VLLMGenerator(Generator):
         if self.lora_slots:
             architectures = list(getattr(model.config, "architectures", None) or [])
             if lora_supported(architectures) is False:
-                raise UserError(f"vLLM {__import__('vllm').__version__} cannot serve LoRA adapters for {architectures[0]}, so "
+                import vllm
+
+                raise UserError(f"vLLM {vllm.__version__} cannot serve LoRA adapters for {architectures[0]}, so "
                                 "its low-rank ES members cannot be adapters: set generation.backend='hf' (batched "
                                 "low-rank members) or es.perturbation='full'")
             extra.update(enable_lora=True, max_loras=self.lora_slots, max_cpu_loras=self.lora_slots,
