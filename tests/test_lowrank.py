@@ -342,9 +342,19 @@ def test_config_validation_of_lowrank_fields(override, message):
         config.from_dict(config.ESJob, {}, [override])
     cfg = config.from_dict(config.ESJob, {}, ["es.perturbation='lowrank'", "es.rank=1", "es.member_batch=4"])
     assert (cfg.es.perturbation, cfg.es.rank, cfg.es.member_batch) == ("lowrank", 1, 4)
-    cfg.generation.backend = "vllm"  # a backend without the model's modules in this process
-    with pytest.raises(ConfigError, match="set generation.backend='hf'"):
+    cfg.generation.backend = "vllm"  # members become LoRA adapters: projection matrices only (es/lora_population.py)
+    with pytest.raises(ConfigError, match=r"LoRA adapters, which cover attention and MLP projections only .*es.params=\['attention','mlp'\]"):
         config.validate(cfg)
+    cfg.es.params = ["attention", "mlp"]
+    config.validate(cfg)
+    cfg.es.rank = 600
+    with pytest.raises(ConfigError, match="above vLLM's largest LoRA rank"):
+        config.validate(cfg)
+    cfg.es.rank, cfg.es.params = 1, ["all"]
+    cfg.generation.verify = "on"  # verification is of full-rank hf members
+    with pytest.raises(ConfigError, match="generation.verify"):
+        config.validate(cfg)
+    cfg.generation.verify = "off"
     cfg.generation.backend = "hf"
     cfg.distributed.workers = 2  # Ray actors score members one by one: the batched population lives in one process
     with pytest.raises(ConfigError, match="set distributed.workers=0"):

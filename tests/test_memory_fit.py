@@ -65,6 +65,22 @@ def test_vllm_lines_sit_on_the_engines_device_and_the_driver_copy_on_the_cpu():
     assert {ln.device for ln in memory.es_account(actors, shape, cuda_here=False) if ln.item == "float32 masters"} == {"cuda"}
 
 
+def test_a_vllm_lora_population_counts_its_adapters_and_slots():
+    """Low-rank members as vLLM LoRA adapters: N registered adapters of rank r, plus on the CPU vLLM's N slots at
+    its rank bucket (8 for rank 4), each r x (out + in) per attention/MLP matrix in the model's dtype; on CUDA
+    the slots sit inside vLLM's own budget and only the adapters are added."""
+    shape = memory.architecture_shape("Qwen2.5-1.5B")
+    assert shape.projection_dims > 0
+    sets = ["generation.backend='vllm'", "es.perturbation='lowrank'", "es.params=['attention','mlp']", "es.population=16",
+            "es.rank=4", "generation.vllm_kv_cache_gb=2"]
+    cpu = {ln.item: ln for ln in memory.es_account(_cfg(*sets), shape, cuda_here=False)}
+    assert cpu["LoRA adapters (members, registered after vLLM's profile)"].bytes == 16 * 4 * shape.projection_dims * 4
+    assert cpu["LoRA slots (vLLM, rank bucket)"].bytes == 16 * 8 * shape.projection_dims * 4
+    gpu = _items(memory.es_account(_cfg(*sets, "es.member_batch=8"), shape, cuda_here=True), "cuda")
+    assert gpu["LoRA adapters (members, registered after vLLM's profile)"] == 8 * 4 * shape.projection_dims * 4
+    assert "LoRA slots (vLLM, rank bucket)" not in gpu
+
+
 def test_the_account_sizes_7b_runs_per_card():
     """A 48 GB card (44.7 GiB) takes Qwen2.5-7B with counter noise and not with the table; an 80 GB card (79.2
     GiB usable as reported for an H100) takes both now that a save holds no float32 copy of the model."""

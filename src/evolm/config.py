@@ -254,11 +254,11 @@ class ESSection:
     eval_center_every: int = 0
     """Score the unperturbed centre on the iteration's prompts every this many updates (0: never)."""
     perturbation: Literal["full", "lowrank"] = "full"
-    """full: each member adds sigma x dense Gaussian noise to every selected coordinate, and members are scored one after another. lowrank (EGGROLL): each selected weight matrix W (out x in; Linear weights, the embedding per looked-up row) gets sigma * A B^T / sqrt(rank) with Gaussian A (out x rank), B (in x rank); vectors (norms, biases) get full noise; all members are scored in one batched forward pass (hf backend). See docs/es.md."""
+    """full: each member adds sigma x dense Gaussian noise to every selected coordinate, and members are scored one after another. lowrank (EGGROLL): each selected weight matrix W (out x in; Linear weights, the embedding per looked-up row) gets sigma * A B^T / sqrt(rank) with Gaussian A (out x rank), B (in x rank); vectors (norms, biases) get full noise; all members are scored in one batched forward pass (hf backend), or, with generation.backend = "vllm", as one LoRA adapter each in one engine call (es.params must then be attention and mlp only: LoRA cannot perturb norms, biases, embeddings or the LM head). See docs/es.md."""
     rank: int = 4
     """Rank r of each member's matrix perturbation when perturbation = "lowrank" (an update has rank <= N x r)."""
     member_batch: int = 0
-    """With perturbation = "lowrank": members per batched generate call (0: all N at once). Rows per call = members x prompts; lower it to bound memory (the KV cache grows with the rows)."""
+    """With perturbation = "lowrank": members per batched generate call (0: all N at once). Rows per call = members x prompts; lower it to bound memory (the KV cache grows with the rows). On vLLM: members (LoRA adapters) per engine call, and the engine's LoRA slots."""
     arithmetic: Literal["exact", "reference", "artifact"] = "exact"
     """exact: float32 masters (or float32 weights perturbed in place with recorded corrections), restore bit for bit, updates accumulated in float32. reference: Qiu et al.'s arithmetic, in the model's own dtype (model.dtype) and in place: perturb adds sigma * eps, restore subtracts the regenerated sigma * eps (not exact in bf16/fp16), the update is accumulated, divided by N and scaled by lr in that dtype (one_point, hf backend, one process; see docs/es.md and evolm/es/reference.py). artifact: the published code of arXiv 2608.27351 (github.com/yunpengba7/understanding-es): float32 noise times sigma cast to model.dtype and added in place, reverted by the same with -sigma (not exact), the update summed in float32 and added in model.dtype, on es.engines replicas that each revert and update on their own, synced from replica 0 every es.engine_sync_every updates, at checkpoints and at the end (one_point, hf backend, one process, CPU; evolm/es/artifact.py)."""
     engines: int = 1
@@ -422,6 +422,13 @@ class ProbeConfig:
             find_task(self.task)
 
 
+LORA_CATEGORIES = ("attention", "mlp")
+"""``es.params`` categories a LoRA population (``es.perturbation = "lowrank"`` on vLLM) can perturb: vLLM's
+adapters cover the linear projections; norms, biases, embeddings and the LM head have none per request."""
+LORA_MAX_RANK = 512
+"""vLLM 0.32's largest ``max_lora_rank`` (``evolm.backends.vllm.LORA_RANKS``)."""
+
+
 @dataclass
 class ESJob:
     """An ES post-training run: ``evolm es --config FILE``."""
@@ -497,9 +504,15 @@ class ESJob:
             require(d.workers < 2, f"es.arithmetic='{a}' perturbs one model in this process (its rounding history is the run); set distributed.workers=0 (got {d.workers}) or es.arithmetic='exact'")
             require(self.model.device == "cpu", f"es.arithmetic='{a}' is tested bit for bit on the CPU only; set model.device='cpu' (got '{self.model.device}') or es.arithmetic='exact'")
         if self.es.perturbation == "lowrank":
-            require(self.generation.backend == "hf",
-                    f"es.perturbation='lowrank' scores members in batched forward passes of the hf backend; "
-                    f"set generation.backend='hf' (got '{self.generation.backend}') or es.perturbation='full'")
+            if g.backend == "vllm":  # members are LoRA adapters (es/lora_population.py): projection matrices only
+                require(all(c in LORA_CATEGORIES for c in self.es.params),
+                        f"es.perturbation='lowrank' on generation.backend='vllm' perturbs through LoRA adapters, which cover "
+                        f"attention and MLP projections only (es.params={list(self.es.params)} also selects norms, embeddings "
+                        f"or the LM head); set es.params=['attention','mlp'] (the hf backend's low-rank run with the same "
+                        f"es.params draws the same members) or generation.backend='hf'")
+                require(self.es.rank <= LORA_MAX_RANK,
+                        f"es.rank={self.es.rank} is above vLLM's largest LoRA rank ({LORA_MAX_RANK}); lower es.rank or "
+                        f"set generation.backend='hf'")
             require(d.workers < 2,
                     f"es.perturbation='lowrank' scores all members in this process's batched forward passes; "
                     f"set distributed.workers=0 (got {d.workers}) or es.perturbation='full' for a Ray population")

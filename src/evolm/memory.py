@@ -44,12 +44,19 @@ class ModelShape:
     kv_heads: int
     head_dim: int
     vocab: int
+    projection_dims: int = 0
+    """Sum of (out + in) over the attention and MLP weight matrices: a LoRA adapter of rank r holds r times
+    this many values (vLLM LoRA populations)."""
 
     @classmethod
     def of_model(cls, model) -> "ModelShape":
+        from evolm.categories import param_category
+
         cfg = getattr(model, "config", None)
         sizes = [p.numel() for p in model.parameters()]
-        return cls(sum(sizes), max(sizes), *_kv_geometry(cfg))
+        dims = sum(p.shape[0] + p.shape[1] for n, p in model.named_parameters()
+                   if p.ndim == 2 and param_category(n) in ("attention", "mlp"))
+        return cls(sum(sizes), max(sizes), *_kv_geometry(cfg), projection_dims=dims)
 
     @classmethod
     def of_config(cls, config) -> "ModelShape":
@@ -130,6 +137,15 @@ def es_account(cfg, shape: ModelShape, *, prompt_tokens: int = 128, cuda_here: b
             util = gen.vllm_gpu_memory_utilization if isinstance(gen.vllm_gpu_memory_utilization, float) else 0.9
             lines.append(Line(engine, "KV cache (the rest of vllm_gpu_memory_utilization)",
                               max(0, int(util * gpu_total_bytes) - P * db)))
+        if es.perturbation == "lowrank" and shape.projection_dims:  # members as LoRA adapters (es/lora_population.py)
+            from evolm.backends.vllm import lora_rank_bucket
+
+            slots = es.member_batch or es.population
+            lines.append(Line(engine, "LoRA adapters (members, registered after vLLM's profile)",
+                              slots * es.rank * shape.projection_dims * db))
+            if engine == "cpu":  # on CUDA vLLM's slots sit inside its vllm_gpu_memory_utilization (the KV line's rest)
+                lines.append(Line(engine, "LoRA slots (vLLM, rank bucket)",
+                                  slots * lora_rank_bucket(es.rank) * shape.projection_dims * db))
         driver = "cuda" if str(model.device).startswith("cuda") else "cpu"
         lines.append(Line(driver, "driver's HF copy (weights)", P * db))
     else:
@@ -160,6 +176,8 @@ def fixes(cfg, lines: list[Line], device: str) -> list[str]:
         out.append("a smaller generation.vllm_kv_cache_gb or generation.vllm_gpu_memory_utilization")
     if any(i.startswith("KV cache and logits") for i in items):
         out.append("fewer es.prompts_per_iteration or generation.max_new_tokens")
+    if any(i.startswith("LoRA ") for i in items):
+        out.append("a smaller es.member_batch (fewer LoRA adapters per engine call) or es.rank")
     if any(i.startswith("driver's HF copy") for i in items) and device == "cuda":
         out.append("model.device='cpu' (the driver's copy only evaluates and saves)")
     return out + ["a smaller model or a device with more free memory"]

@@ -166,7 +166,11 @@ class VLLMGenerator(Generator):
     """Generation on ``vllm.LLM``; ES perturbation inside its workers (``attach_paramset``)."""
 
     def __init__(self, model, tokenizer, *, threads: int = 1, kv_cache_gb: float = 1.0, enforce_eager: bool = False,
-                 max_model_len: int = 2048, gpu_memory_utilization: float = 0.9, seed: int = 0, quiet: bool = True):
+                 max_model_len: int = 2048, gpu_memory_utilization: float = 0.9, seed: int = 0, quiet: bool = True,
+                 lora_slots: int = 0, lora_rank: int = 0):
+        """``lora_slots``, ``lora_rank``: start the engine with multi-LoRA for low-rank ES members
+        (``evolm.es.lora_population``): up to ``lora_slots`` adapters in one batch, each of rank ``lora_rank``
+        (0: no LoRA, the engine vLLM starts by default)."""
         from evolm.errors import UserError
 
         if not vllm_available():
@@ -204,6 +208,17 @@ class VLLMGenerator(Generator):
             raise UserError("generation.vllm_kv_cache_gb = 0 (vLLM sizes the KV cache) is for CUDA engines; this "
                             "engine runs on the CPU: set generation.vllm_kv_cache_gb (e.g. 1)")
         self.max_model_len = max_model_len
+        self.lora_slots = int(lora_slots)
+        if self.lora_slots:
+            architectures = list(getattr(model.config, "architectures", None) or [])
+            if lora_supported(architectures) is False:
+                import vllm
+
+                raise UserError(f"vLLM {vllm.__version__} cannot serve LoRA adapters for {architectures[0]}, so "
+                                "its low-rank ES members cannot be adapters: set generation.backend='hf' (batched "
+                                "low-rank members) or es.perturbation='full'")
+            extra.update(enable_lora=True, max_loras=self.lora_slots, max_cpu_loras=self.lora_slots,
+                         max_lora_rank=lora_rank_bucket(lora_rank))
         global _engine_starting
         _engine_starting = True
         try:
@@ -303,22 +318,63 @@ class VLLMGenerator(Generator):
                             f"HF does not; set generation.vllm_max_model_len to at least {longest + params.max_new_tokens}")
         return ids
 
-    def generate(self, prompts: list[str], params: SamplingParams) -> list[list[Completion]]:
+    def _sampling(self, params: SamplingParams, i: int):
+        """vLLM's sampling parameters for prompt ``i``: its seed is the same for every member (common random numbers)."""
         from vllm import SamplingParams as VSampling
 
-        requests, sampling = [], []
-        for i, ids in enumerate(self.check_lengths(prompts, params)):
-            requests.append({"prompt_token_ids": ids})
-            sampling.append(VSampling(
-                n=params.n, temperature=params.temperature, top_p=params.top_p if not params.greedy else 1.0,
-                max_tokens=params.max_new_tokens, seed=None if params.greedy else derive_seed(params.seed, "vllm", i) % (2**31),
-                stop_token_ids=sorted(self.eos_ids), ignore_eos=False, detokenize=False))
-        outputs = self.llm.generate(requests, sampling, use_tqdm=False)
-        result = []
-        for out in outputs:
-            comps = sorted(out.outputs, key=lambda c: c.index)
-            result.append([self._completion(list(c.token_ids)) for c in comps])
-        return result
+        return VSampling(
+            n=params.n, temperature=params.temperature, top_p=params.top_p if not params.greedy else 1.0,
+            max_tokens=params.max_new_tokens, seed=None if params.greedy else derive_seed(params.seed, "vllm", i) % (2**31),
+            stop_token_ids=sorted(self.eos_ids), ignore_eos=False, detokenize=False)
+
+    def _completions(self, outputs) -> list[list[Completion]]:
+        return [[self._completion(list(c.token_ids)) for c in sorted(out.outputs, key=lambda c: c.index)] for out in outputs]
+
+    def generate(self, prompts: list[str], params: SamplingParams) -> list[list[Completion]]:
+        ids = self.check_lengths(prompts, params)
+        requests = [{"prompt_token_ids": x} for x in ids]
+        sampling = [self._sampling(params, i) for i in range(len(ids))]
+        return self._completions(self.llm.generate(requests, sampling, use_tqdm=False))
+
+    # -- low-rank members as LoRA adapters (evolm.es.lora_population) ----------------------------------
+    def register_members(self, iteration: int, members: list[tuple[int, int]], sigma: float) -> list[tuple[str, int]]:
+        """One LoRA adapter per member ``(direction, sign)``, built inside the workers from the ES noise (only
+        the keys cross the process boundary) and replacing the previous call's adapters; returns
+        ``(adapter name, adapter id)`` per member. The names are unique per member key, so vLLM's prefix-cache
+        hashes (which include them) never match a block computed with another member; the cache is reset
+        anyway, as after every weight change."""
+        if len(members) > self.lora_slots:
+            raise RuntimeError(f"{len(members)} members in one call but the engine has {self.lora_slots} LoRA slots")
+        self.rpc("es_lora_members", iteration, [list(m) for m in members], float(sigma), 1)
+        self.reset_prefix_cache()
+        return [(f"es-{iteration}-{d}-{'p' if s > 0 else 'm'}-{sigma!r}", 1 + j) for j, (d, s) in enumerate(members)]
+
+    def generate_members(self, prompts: list[str], params: SamplingParams, adapters: list[tuple[str, int]]
+                         ) -> list[list[list[Completion]]]:
+        """Every member's completions of ``prompts`` in ONE engine call (members x prompts requests, each with
+        its member's adapter), so vLLM batches requests of different adapters together; ``[member][prompt]``.
+        Prompt i has the same sampling seed for every member (common random numbers)."""
+        from vllm.lora.request import LoRARequest
+
+        ids = self.check_lengths(prompts, params)
+        requests, sampling, loras = [], [], []
+        for name, lora_id in adapters:
+            request = LoRARequest(lora_name=name, lora_int_id=lora_id, lora_path=f"evolm-es-member:{name}")
+            for i, x in enumerate(ids):
+                requests.append({"prompt_token_ids": x})
+                sampling.append(self._sampling(params, i))
+                loras.append(request)
+        flat = self._completions(self.llm.generate(requests, sampling, lora_request=loras, use_tqdm=False))
+        return [flat[m * len(ids):(m + 1) * len(ids)] for m in range(len(adapters))]
+
+    def lora_count(self) -> int:
+        """Adapters held in vLLM's LoRA cache (one number per worker, all equal)."""
+        counts = self.rpc("es_lora_count")
+        return max(counts)
+
+    def clear_members(self) -> int:
+        """Remove the ES adapters; returns how many adapters vLLM still holds."""
+        return max(self.rpc("es_lora_clear")) if self.lora_slots else 0
 
     def _completion(self, ids: list[int]) -> Completion:
         length, finished = len(ids), False
@@ -352,6 +408,33 @@ class VLLMGenerator(Generator):
         if local.masters_elsewhere and self._paramset.worker_masters_sum() != self._paramset.local_sum():
             raise RuntimeError("the vLLM workers' float32 masters are not the driver's weights cast up")
         return self._paramset
+
+
+def lora_supported(architectures: list[str]) -> bool | None:
+    """Whether vLLM's model class for the first of ``architectures`` supports LoRA (None: unknown, e.g. an
+    architecture vLLM does not have; vLLM then refuses the model itself). Loaded in this process, before
+    any engine starts, so the refusal is one line instead of an engine start-up failure."""
+    try:
+        from vllm.model_executor.models import ModelRegistry
+        from vllm.model_executor.models.interfaces import supports_lora
+
+        cls = ModelRegistry._try_load_model_cls(architectures[0]) if architectures else None
+    except (ImportError, AttributeError):  # another vLLM's registry
+        return None
+    return None if cls is None else bool(supports_lora(cls))
+
+
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The ``max_lora_rank`` values vLLM 0.32 accepts (``vllm.config.lora.MaxLoRARanks``)."""
+
+
+def lora_rank_bucket(rank: int) -> int:
+    """The smallest ``max_lora_rank`` vLLM accepts that holds adapters of ``rank`` (a rank-4 adapter sits in
+    rank-8 slots, its last 4 rows and columns zero: exact, at the cost of the wider shrink/expand)."""
+    for bucket in LORA_RANKS:
+        if bucket >= rank:
+            return bucket
+    raise ValueError(f"es.rank={rank} is above vLLM's largest LoRA rank ({LORA_RANKS[-1]})")
 
 
 def _weights_dir(model) -> Path | None:

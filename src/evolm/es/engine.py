@@ -115,7 +115,7 @@ def build_paramset(model, cfg, header: dict | None = None, generator: Generator 
     (``attach_paramset``), so that members are perturbed where generation happens."""
     es = cfg.es
     if es.perturbation == "lowrank":
-        return build_lowrank_paramset(model, cfg, header)
+        return build_lowrank_paramset(model, cfg, header, generator)
     if es.arithmetic == "reference":
         from evolm.es.reference import ReferenceParamSet
 
@@ -143,15 +143,18 @@ def build_paramset(model, cfg, header: dict | None = None, generator: Generator 
     return attach(params) if attach is not None else params
 
 
-def build_lowrank_paramset(model, cfg, header: dict | None = None) -> LowRankParamSet:
+def build_lowrank_paramset(model, cfg, header: dict | None = None, generator: Generator | None = None) -> LowRankParamSet:
     """The low-rank ParamSet of an ES job config (``es.perturbation = "lowrank"``), with its keyed noise.
 
     The base noise source sees the members' draws as its parameter layout (``draw_layout``: (out + in) r
     values per matrix, numel per vector), so with the table one member's factors are one contiguous
     stretch of it, no value used twice. ``header``: an existing run's seed-log header (resume,
-    replay), checked against the config (``check_header``) and rebuilt as the run drew it."""
+    replay), checked against the config (``check_header``) and rebuilt as the run drew it. ``generator``:
+    a vLLM engine wraps it (``attach_paramset``), so that updates happen inside the engine and its workers
+    build the members' LoRA adapters from the same noise (``es/lora_population.py``)."""
     es = cfg.es
-    params = LowRankParamSet(model, None, categories=tuple(es.params), regex=es.param_regex, rank=es.rank)
+    params = LowRankParamSet(model, None, categories=tuple(es.params), regex=es.param_regex, rank=es.rank,
+                             masters_elsewhere=bool(getattr(generator, "masters_in_engine", False)))
     device = params.tensors[0].device
     if header is None:
         base = make_noise(es.noise, derive_seed(cfg.run.seed, "noise"), params.draw_layout, es.noise_table_size, device)
@@ -159,16 +162,21 @@ def build_lowrank_paramset(model, cfg, header: dict | None = None) -> LowRankPar
         check_header(header, params, cfg)
         base = noise_from_header(header["noise"]["base"], params.draw_layout, device)
     params.noise = LowRankNoise(base, {i: s for i, s in zip(params.indices, params.shapes)}, es.rank)
-    return params
+    attach = getattr(generator, "attach_paramset", None)
+    return attach(params) if attach is not None else params
 
 
 def make_population(cfg, params: ParamSet, generator: Generator, task: Task):
     """The population an ES job's config asks for: local (this process, one member after another), or
     low-rank (``es.perturbation = "lowrank"``: all members in batched forward passes,
-    ``es/lowrank_population.py``). ``distributed.workers >= 2`` asks for ``es.ray_population.RayPopulation``,
+    ``es/lowrank_population.py``, or as LoRA adapters in one vLLM engine call, ``es/lora_population.py``). ``distributed.workers >= 2`` asks for ``es.ray_population.RayPopulation``,
     which ``jobs.run_es`` hands to ``engine.train`` as its population factory (it needs the run directory
     and the model's source)."""
     if cfg.es.perturbation == "lowrank":
+        if getattr(generator, "lora_slots", 0):  # vLLM: members as LoRA adapters, all in one engine call
+            from evolm.es.lora_population import LoRAPopulation
+
+            return LoRAPopulation(params, generator, task, cfg.es.member_batch)
         return LowRankPopulation(params, generator, task, cfg.es.member_batch)
     return LocalPopulation(params, generator, task, verify=cfg.generation.verify)
 

@@ -66,6 +66,21 @@ def dense_direction(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.mm(a.float(), b.float().t()).div_(math.sqrt(rank))
 
 
+def member_scale(sign: int, sigma: float, rank: int) -> torch.Tensor:
+    """``sign * sigma / sqrt(r)`` as the float32 scalar the batched HF forward multiplies ``x B`` by
+    (``evolm.es.member_forward``) and a LoRA adapter folds into its B matrix (``adapter_factors``)."""
+    return torch.tensor(sign * sigma / math.sqrt(rank), dtype=torch.float32)
+
+
+def adapter_factors(a: torch.Tensor, b: torch.Tensor, sign: int, sigma: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """A member's perturbation of one matrix as a LoRA adapter's ``(lora_a, lora_b)`` (PEFT/vLLM layout:
+    ``delta W = lora_b @ lora_a``): ``lora_a = B^T`` (r x in, the factor itself) and
+    ``lora_b = A * (sign sigma / sqrt(r))`` (out x r, one float32 product per entry), so that
+    ``lora_b @ lora_a = s sigma A B^T / sqrt(r)``, the member's ``E_d`` times ``s sigma``."""
+    scale = member_scale(sign, sigma, a.shape[1]).to(a.device)
+    return b.float().t().contiguous(), a.float().mul(scale)
+
+
 class LowRankNoise(NoiseSource):
     """Low-rank directions over a base noise source (``table`` or ``stream``), keyed like full-rank noise."""
 
@@ -141,8 +156,9 @@ def _check_batchable(name: str, shape: tuple[int, ...], owners) -> None:
 class LowRankParamSet(ParamSet):
     """``ParamSet`` whose directions are low-rank for matrices; batched-forward metadata; GEMM update."""
 
-    def __init__(self, model, noise: NoiseSource | None, categories=("all",), regex: str = "", rank: int = 4):
-        super().__init__(model, noise, categories, regex)
+    def __init__(self, model, noise: NoiseSource | None, categories=("all",), regex: str = "", rank: int = 4,
+                 *, masters_elsewhere: bool = False):
+        super().__init__(model, noise, categories, regex, masters_elsewhere=masters_elsewhere)
         self.rank = int(rank)
         self.shapes = [tuple(t.shape) for t in self.tensors]
         self.owners = []
@@ -150,6 +166,18 @@ class LowRankParamSet(ParamSet):
             owners = _owners(model, p)
             _check_batchable(name, shape, owners)
             self.owners.append(owners)
+
+    @classmethod
+    def from_tensors(cls, noise: NoiseSource, indices: list[int], names: list[str], tensors: list[torch.Tensor],
+                     rank: int = 4) -> "LowRankParamSet":
+        """A low-rank ParamSet over tensors chosen by the caller (a vLLM engine's views, ``evolm.es.vllm_worker``):
+        same indices and noise, so the same factors, members and updates as over the Hugging Face model.
+        It has no module owners: the batched HF forward cannot run on it (the engine's LoRA adapters do)."""
+        self = super().from_tensors(noise, indices, names, tensors)
+        self.rank = int(rank)
+        self.shapes = [tuple(t.shape) for t in self.tensors]
+        self.owners = []
+        return self
 
     @property
     def draw_layout(self) -> list[tuple[int, int]]:

@@ -89,6 +89,11 @@ def _resolve(model: torch.nn.Module, name: str) -> tuple[str, object]:
     return name, None
 
 
+def _unwrap(module: torch.nn.Module) -> torch.nn.Module:
+    """The layer itself when vLLM's LoRA support wrapped it (``*WithLoRA`` keeps the original as ``base_layer``)."""
+    return getattr(module, "base_layer", module)
+
+
 def hf_views(model: torch.nn.Module, hf_shapes: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
     """For every Hugging Face parameter name, the slice of the vLLM model's parameter holding it.
 
@@ -101,7 +106,7 @@ def hf_views(model: torch.nn.Module, hf_shapes: dict[str, tuple[int, ...]]) -> d
     for name, shape in hf_shapes.items():
         vname, shard = _resolve(model, name)
         module_path, _, leaf_param = vname.rpartition(".")
-        module = model.get_submodule(module_path)
+        module = _unwrap(model.get_submodule(module_path))
         target = getattr(module, leaf_param).data
         start, rows = _shard_rows(module, shard) if shard is not None else (0, shape[0] if shape else 0)
         view = target.narrow(0, start, rows) if shape else target
@@ -122,11 +127,23 @@ class ESWorkerExtension:
         return self.es_checksums()
 
     def es_setup(self, indices: list[int], names: list[str], noise: dict) -> None:
-        """Build the worker's ParamSet over the mapped views with the driver's indices and noise."""
+        """Build the worker's ParamSet over the mapped views with the driver's indices and noise (a
+        ``LowRankParamSet`` when the driver's noise is low-rank: ``es.perturbation = "lowrank"``)."""
         device = self._es_views[names[0]].device
-        layout = [(i, self._es_views[n].numel()) for i, n in zip(indices, names)]
-        source = noise_from_header(noise, layout, device)  # the driver's noise, rebuilt from its description
-        self._es_params = ParamSet.from_tensors(source, indices, names, [self._es_views[n] for n in names])
+        views = [self._es_views[n] for n in names]
+        if noise.get("kind") == "lowrank":
+            from evolm.es.lowrank import LowRankNoise, LowRankParamSet, draw_size
+
+            rank = int(noise["rank"])
+            shapes = [tuple(v.shape) for v in views]
+            base = noise_from_header(noise["base"], [(i, draw_size(s, rank)) for i, s in zip(indices, shapes)], device)
+            source = LowRankNoise(base, dict(zip(indices, shapes)), rank)
+            self._es_params = LowRankParamSet.from_tensors(source, indices, names, views, rank)
+        else:
+            layout = [(i, v.numel()) for i, v in zip(indices, views)]
+            source = noise_from_header(noise, layout, device)  # the driver's noise, rebuilt from its description
+            self._es_params = ParamSet.from_tensors(source, indices, names, views)
+        self._es_lora_ids = []
 
     def es_perturb(self, iteration: int, direction: int, sign: int, sigma: float) -> None:
         self._es_params.perturb(iteration, direction, sign, sigma)
@@ -191,3 +208,91 @@ class ESWorkerExtension:
             view = self._es_views[name]
             view.copy_(value.to(view.dtype))
         return self.es_checksums()
+
+    # -- low-rank members as LoRA adapters (es.perturbation = "lowrank"; evolm.es.lora_population) --------
+    def _es_lora_manager(self):
+        manager = getattr(self.model_runner, "lora_manager", None)
+        if manager is None:
+            raise RuntimeError("this vLLM engine was started without LoRA (enable_lora): it cannot score low-rank members")
+        return manager
+
+    def es_lora_targets(self) -> dict[str, list]:
+        """Where each selected HF tensor sits in vLLM's LoRA modules: ``name -> [lora module name, packed
+        module name or None, index in the pack]``, or ``name -> None`` when no adapter can carry its
+        perturbation (a vector, an embedding, the LM head, a layer vLLM does not wrap for LoRA)."""
+        from vllm.lora.layers import BaseLayerWithLoRA
+        from vllm.model_executor.layers.linear import LinearBase
+
+        manager = self._es_lora_manager()._adapter_manager
+        model = self.model_runner.get_model()
+        out: dict[str, list | None] = {}
+        for name, view in zip(self._es_params.names, self._es_params.tensors):
+            out[name] = None
+            vname, shard = _resolve(model, name)
+            module_path, _, leaf = vname.rpartition(".")
+            module = model.get_submodule(module_path) if module_path else None
+            if (view.ndim != 2 or leaf != "weight" or not isinstance(module, BaseLayerWithLoRA)
+                    or not isinstance(module.base_layer, LinearBase) or isinstance(shard, tuple)):
+                continue
+            if shard is None:
+                out[name] = [module_path, None, None] if module_path not in manager.packed_modules else None
+                continue
+            packed = manager.packed_modules.get(module_path)
+            index = _QKV.get(shard, shard)
+            if packed is not None and isinstance(index, int) and index < len(packed):
+                out[name] = [packed[index], module_path, index]
+        self._es_lora_targets = out
+        return out
+
+    @torch.no_grad()
+    def es_lora_members(self, iteration: int, members: list[tuple[int, int]], sigma: float, first_id: int = 1) -> int:
+        """Register one LoRA adapter per member ``(direction, sign)``, ids ``first_id, first_id + 1, ...``, after
+        removing the adapters of the previous call (so vLLM's adapter cache never grows): the member's factors
+        of every selected matrix, drawn from the ES noise here, as ``lora_a = B^T`` and ``lora_b = A s sigma /
+        sqrt(r)`` (``evolm.es.lowrank.adapter_factors``). Returns how many adapters the engine now holds."""
+        from vllm.lora.lora_model import LoRAModel
+        from vllm.lora.lora_weights import LoRALayerWeights
+
+        from evolm.es.lowrank import adapter_factors
+
+        manager = self._es_lora_manager()
+        for lora_id in self._es_lora_ids:
+            manager.remove_adapter(lora_id)
+        self._es_lora_ids = []
+        targets = getattr(self, "_es_lora_targets", None) or self.es_lora_targets()
+        p = self._es_params
+        dtype = self.model_runner.lora_config.lora_dtype
+        for j, (direction, sign) in enumerate(members):
+            loras = {}
+            for k, name in enumerate(p.names):
+                module = targets[name][0]
+                lora_a, lora_b = adapter_factors(*p.factors(k, iteration, direction), sign, sigma)
+                loras[module] = LoRALayerWeights(module, p.rank, 1, lora_a.to(dtype), lora_b.to(dtype), scaling=1.0)
+            adapter = LoRAModel(first_id + j, p.rank, loras)
+            manager._adapter_manager.add_adapter(adapter)  # packs q/k/v and gate/up as vLLM's own loader does
+            self._es_lora_ids.append(first_id + j)
+        return len(manager.list_adapters())
+
+    def es_lora_clear(self) -> int:
+        """Remove the ES adapters; return how many adapters the engine still holds."""
+        manager = self._es_lora_manager()
+        for lora_id in self._es_lora_ids:
+            manager.remove_adapter(lora_id)
+        self._es_lora_ids = []
+        return len(manager.list_adapters())
+
+    def es_lora_count(self) -> int:
+        """How many adapters vLLM's cache in this worker holds (ES's and any other)."""
+        return len(self._es_lora_manager().list_adapters())
+
+    def es_lora_digests(self, lora_id: int, names: list[str]) -> dict[str, list[str]]:
+        """SHA-256 of ``[lora_a, lora_b]`` of registered adapter ``lora_id`` for HF tensors ``names``, as vLLM
+        holds them (after packing): what it copies into the slots its kernels read."""
+        adapter = self._es_lora_manager()._adapter_manager.get_adapter(lora_id)
+        out = {}
+        for name in names:
+            module, packed, index = self._es_lora_targets[name]
+            weights = adapter.loras[packed] if packed is not None else adapter.loras[module]
+            a, b = (weights.lora_a[index], weights.lora_b[index]) if packed is not None else (weights.lora_a, weights.lora_b)
+            out[name] = [digest(a), digest(b)]
+        return out
