@@ -471,10 +471,6 @@ class ESJob:
                     f"generation.max_new_tokens={g.max_new_tokens} leaves no room for a prompt in "
                     f"generation.vllm_max_model_len={g.vllm_max_model_len} (vLLM would cut completions HF does not); "
                     f"raise generation.vllm_max_model_len or lower generation.max_new_tokens")
-        if d.workers >= 2 and g.backend != "vllm":
-            require(not d.gpus,
-                    f"distributed.gpus={d.gpus:g} with distributed.workers={d.workers} HF actors run on the CPU and would "
-                    "hold GPUs they never use; set distributed.gpus=0, or use vLLM actors (generation.backend='vllm')")
         if self.es.noise == "stream":
             from evolm import machine
 
@@ -487,6 +483,9 @@ class ESJob:
                     "driver's copy on GPU 0 beside actor 0 (never run on GPUs); on GPUs use vLLM actors "
                     "(generation.backend='vllm', model.device='cpu', distributed.gpus=1) or one process "
                     "(distributed.workers=0)")
+            require(not d.gpus,
+                    f"distributed.gpus={d.gpus:g} with distributed.workers={d.workers} HF actors run on the CPU and would "
+                    "hold GPUs they never use; set distributed.gpus=0, or use vLLM actors (generation.backend='vllm')")
         if g.verify != "off":
             v = f"generation.verify='{g.verify}'"
             require(g.backend == "hf", f"{v} verifies members with the hf backend; set generation.verify='off' "
