@@ -253,6 +253,8 @@ def test_a_replica_builds_its_generator_first_and_perturbs_through_it(tmp_path, 
     assert replica.ready()["checksum"] == [2] * len(replica.population.params.names)
     replica.close()
     assert events[-1] == "close"
+    ray = sys.modules.get("ray")  # built outside an actor, the replica asks Ray nothing (that would start an instance)
+    assert ray is None or not ray.is_initialized()
 
 
 def test_workers_without_ray_installed_is_a_one_line_config_error(monkeypatch):

@@ -348,6 +348,8 @@ def assigned_cpus() -> int:
     try:
         import ray
 
+        if not ray.is_initialized():  # get_runtime_context() would start a Ray instance in a plain process
+            return 1
         return max(1, int(ray.get_runtime_context().get_assigned_resources().get("CPU", 1)))
     except Exception:  # not in a Ray worker
         return 1
@@ -357,6 +359,8 @@ def _node_id() -> str:
     try:
         import ray
 
+        if not ray.is_initialized():
+            return ""
         return ray.get_runtime_context().get_node_id()
     except Exception:  # not in a Ray worker
         return ""
