@@ -78,9 +78,9 @@ def runs(tmp_path_factory):
     def no_driver_engine(*args, **kwargs):
         raise AssertionError("the driver of a Ray population of vLLM actors started a vLLM engine")
 
-    def seen(step, record):
-        if step == 1:
-            engines.extend(_engine_processes())
+    def seen(step, record):  # after every update: an engine caught between two listings is still counted once
+        known = {p.pid for p in engines}
+        engines.extend(p for p in _engine_processes() if p.pid not in known)
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(vllm_backend.VLLMGenerator, "__init__", no_driver_engine)  # the actors' processes are not patched
