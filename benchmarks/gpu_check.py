@@ -360,10 +360,11 @@ def check_es(args, model, tokenizer, base_state: dict, device: str, work: Path) 
 
 # -- 3 + 4. memory per parameter, seconds per update and per checksum --------------------------------
 
-def _rss_mb() -> float:
+def _rss_mb(field: str = "VmRSS") -> float:
+    """A field of /proc/self/status in MiB: ``VmRSS`` (resident now) or ``VmHWM`` (its peak)."""
     with contextlib.suppress(OSError):
         for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) / 1024
     return float("nan")
 
@@ -548,7 +549,7 @@ def check_save_peak(args, model, tokenizer, device: str) -> dict:
         run.save_checkpoint(float32_model(model, params), 1, {}, write_extra=lambda tmp: save_masters(params, tmp))
         run.save_final(float32_model(model, params), tokenizer)
         _sync(device)
-        rss_peak = _hwm_mb()
+        rss_peak = _rss_mb("VmHWM")
         out = {"largest_tensor_float32_mb": 4 * largest / 2**20, "rss_steady_mb": rss_steady, "rss_peak_mb": rss_peak,
                "rss_extra_over_largest": (rss_peak - rss_steady) * 2**20 / (4 * largest)}
         if cuda:
@@ -558,14 +559,6 @@ def check_save_peak(args, model, tokenizer, device: str) -> dict:
     del params
     model.load_state_dict(state)
     return out
-
-
-def _hwm_mb() -> float:
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 # -- 7. low-rank vs full-rank members/s ---------------------------------------------------------------

@@ -32,17 +32,16 @@ MiB = 2**20
 
 
 def _rss() -> dict[str, float]:
-    out = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(("VmRSS:", "VmHWM:")):
-                out[line.split(":")[0]] = int(line.split()[1]) * 1024
-    return out
+    """VmRSS and VmHWM of this process in bytes (``memory_per_param._status`` reads them in MiB)."""
+    from memory_per_param import _status  # this script's folder is on sys.path
+
+    return {k: v * MiB for k, v in _status().items()}
 
 
 def _reset_peak() -> None:
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
+    from memory_per_param import _reset_peaks
+
+    _reset_peaks(["self"])
 
 
 def child(args) -> dict:

@@ -146,18 +146,27 @@ def test_reference_refuses_a_scale_that_is_not_lr_over_n(tiny_model):
         params.apply_update(0, [1.0, -1.0], ALPHA / 3)
 
 
-@pytest.mark.parametrize("overrides, fix", [
+UNTESTED_WITH_IN_PLACE_ARITHMETIC = [
     (["es.estimator='antithetic'"], "es.estimator='one_point'"),
     (["es.divide_by_sigma=true"], "es.divide_by_sigma=false"),
     (["es.perturbation='lowrank'"], "es.perturbation='full'"),
     (["generation.backend='vllm'"], "generation.backend='hf'"),
     (["distributed.workers=2"], "distributed.workers=0"),
     (["model.device='cuda'"], "model.device='cpu'"),
-])
-def test_unsupported_combinations_are_refused_in_one_line(overrides, fix):
+]
+"""What Qiu et al.'s loop (reference) and the paper's artifact share as untested: each refused in one line
+(tests/test_artifact_arithmetic.py adds the artifact's own)."""
+
+
+def refused_in_one_line(arithmetic: str, overrides: list[str], fix: str) -> None:
     with pytest.raises(ConfigError, match=fix.replace("(", r"\(")) as e:
-        config.from_dict(config.ESJob, {}, ["es.arithmetic='reference'", *overrides])
+        config.from_dict(config.ESJob, {}, [f"es.arithmetic='{arithmetic}'", "es.population=8", *overrides])
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("overrides, fix", UNTESTED_WITH_IN_PLACE_ARITHMETIC)
+def test_unsupported_combinations_are_refused_in_one_line(overrides, fix):
+    refused_in_one_line("reference", overrides, fix)
 
 
 def test_pipeline_and_ask_tell_refuse_reference(tiny_model):

@@ -25,7 +25,6 @@ Design decisions:
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 GiB = 2**30
@@ -265,7 +264,3 @@ def fits(gpu_gib: float, name: str, noise: str = "counter") -> bool:
 
     cfg = config.from_dict(config.ESJob, {}, TABLE_SETTINGS + [f"es.noise='{noise}'"])
     return totals(es_account(cfg, architecture_shape(name), cuda_here=True))["cuda"] <= gpu_gib * GiB
-
-
-def ceil_gib(b: int) -> float:
-    return math.ceil(b / GiB * 10) / 10

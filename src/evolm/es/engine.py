@@ -75,13 +75,18 @@ ALLOCATED_AT_CHECK = ("weights", "weights (engine)", "driver's HF copy (weights)
 engine has started with its KV cache): the check compares the rest with what is free."""
 
 
-def memory_need(model, cfg) -> dict[str, int]:
-    """Bytes ES still allocates once the model is loaded (``evolm.memory.es_account`` less what exists by
-    then), by item: float32 masters, the noise table, the HF backend's KV cache, the save transient."""
+def pending_memory(model, cfg):
+    """The lines of ``evolm.memory.es_account`` still to be allocated once the model is loaded (less
+    ``ALLOCATED_AT_CHECK``): float32 masters, the noise table, the HF backend's KV cache, the save transient."""
     from evolm.memory import ModelShape, es_account
 
-    return {ln.item: ln.bytes for ln in es_account(cfg, ModelShape.of_model(model), cuda_here=_cuda(model))
-            if ln.item not in ALLOCATED_AT_CHECK and ln.bytes}
+    return [ln for ln in es_account(cfg, ModelShape.of_model(model), cuda_here=_cuda(model))
+            if ln.item not in ALLOCATED_AT_CHECK and ln.bytes]
+
+
+def memory_need(model, cfg) -> dict[str, int]:
+    """``pending_memory`` by item, in bytes."""
+    return {ln.item: ln.bytes for ln in pending_memory(model, cfg)}
 
 
 def _cuda(model) -> bool:
@@ -94,8 +99,7 @@ def check_memory(model, cfg, free_bytes: int | dict | None = None) -> None:
     free (tests; an int means every device), None reads the machine."""
     from evolm import memory
 
-    lines = [ln for ln in memory.es_account(cfg, memory.ModelShape.of_model(model), cuda_here=_cuda(model))
-             if ln.item not in ALLOCATED_AT_CHECK and ln.bytes]
+    lines = pending_memory(model, cfg)
     devices = {ln.device for ln in lines}
     if free_bytes is None:
         free = memory.free_here(devices)
