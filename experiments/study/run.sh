@@ -25,6 +25,10 @@
 #   bash experiments/study/run.sh c4 [NAME...]   # C4: forgetting, the base, GRPO and ES (240 updates) on 64 Countdown problems
 #                                          (NAME: base grpo es-240 es-160 c9 c9-reverse es grpo-s1 grpo-s2; default: all for k32,
 #                                          base grpo es-240 for c4)
+#   bash experiments/study/run.sh n30 [SEED...]  # C1, C2 at the paper's N = 30: ES (40 updates) then GRPO (36 steps) per
+#                                          run.seed (default 0 1 2), one run at a time on one thread, each resumed if it
+#                                          exists; refused while claims.toml has uncommitted changes (the tests must be
+#                                          declared before their data); each run records the claims file's sha256
 #   bash experiments/study/run.sh collect  # copy the committed files (configs, logs, seed logs, eval JSON, analyses) to docs/study/
 #   bash experiments/study/run.sh twins    # which held-out arithmetic problems had their commutative twin in training (docs/study/analyses/twins/)
 #   bash experiments/study/run.sh report   # regenerate docs/REPRODUCTION.md from docs/study/ (evolm report --study)
@@ -116,8 +120,23 @@ c4_one() {  # forgetting: Countdown (not trained on), 64 problems x 16 samples a
     --max-new-tokens 24 >> "$OUT/c4.log" 2>&1
 }
 
+# n30_one KIND SEED: n30-KIND-sSEED from experiments/study/c1c2n30-KIND.toml with run.seed = SEED (resumed if it exists)
+n30_one() {
+  local kind=$1 seed=$2 name="n30-$1-s$2"
+  if [ -d "$OUT/$name" ]; then "$PY" -m evolm "$kind" --resume "$OUT/$name" --set run.progress=false
+  else "$PY" -m evolm "$kind" --config "experiments/study/c1c2n30-$kind.toml" --set "run.seed=$seed" \
+    --set "run.name=\"$name\"" --set "run.out_dir=\"$OUT\"" --set run.progress=false; fi > "$OUT/$name.log" 2>&1
+}
+
 case "${1:-}" in
   c1c2) c1c2 ;;
+  n30) shift
+      if ! git diff --quiet HEAD -- experiments/study/claims.toml; then
+        echo "run.sh n30: experiments/study/claims.toml has uncommitted changes; commit the declaration before its runs start" >&2
+        exit 2
+      fi
+      export EVOLM_RECORD_FILES=experiments/study/claims.toml   # each run records the declaration it started under
+      for s in ${*:-0 1 2}; do n30_one es "$s"; n30_one grpo "$s"; done ;;
   c1seeds) shift; seeds=${*:-1 2}
       # c1c2-grpo.toml with another root seed, two at once, one thread each on 2,400 s of update time as c1c2 ran;
       # then evaluated on c1c2's problems
@@ -240,5 +259,5 @@ case "${1:-}" in
   collect) "$PY" experiments/study/collect.py "$OUT" docs/study ;;
   twins) "$PY" experiments/study/twins.py docs/study docs/study/analyses/twins/twins.json ;;  # seconds, from the committed files
   report) "$PY" -m evolm report --study experiments/study/claims.toml --out docs ;;
-  *) echo "usage: $0 c1c2 | c1seeds [SEED...] | cd | seeds [SEED...] | q1 | c8 | c9 | c7 | c7x [UPDATES [N...]] | c3 | c5 | q2 | c2long | c2xl | k32 [NAME...] | c4 [NAME...] | collect | twins | report" >&2; exit 2 ;;
+  *) echo "usage: $0 c1c2 | n30 [SEED...] | c1seeds [SEED...] | cd | seeds [SEED...] | q1 | c8 | c9 | c7 | c7x [UPDATES [N...]] | c3 | c5 | q2 | c2long | c2xl | k32 [NAME...] | c4 [NAME...] | collect | twins | report" >&2; exit 2 ;;
 esac

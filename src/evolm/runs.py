@@ -206,6 +206,28 @@ def _versions() -> dict[str, str]:
     return out
 
 
+RECORD_ENV = "EVOLM_RECORD_FILES"
+"""Environment variable: ``os.pathsep``-separated files whose sha256 a new run records in ``run.json`` under
+``recorded`` at its start (the reproduction study sets it to its claims file, so each run says which
+declaration of its tests existed when it began: pre-registration the study loader can check)."""
+
+
+def recorded_files() -> dict[str, dict]:
+    """``{path: {"sha256", "bytes"}}`` of the files ``$EVOLM_RECORD_FILES`` names ({} when unset); a named file that
+    does not exist is a ``UserError`` (a declaration that is not there cannot be recorded)."""
+    import hashlib
+
+    out = {}
+    for name in filter(None, os.environ.get(RECORD_ENV, "").split(os.pathsep)):
+        try:
+            data = Path(name).read_bytes()
+        except OSError as e:
+            raise UserError(f"{RECORD_ENV} names {name}, which cannot be read ({e.strerror}); fix the path or unset "
+                            f"{RECORD_ENV}") from None
+        out[name] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+    return out
+
+
 class RunDir:
     """A run directory on disk. Create one with ``RunDir.create`` or reopen one with ``RunDir.open``."""
 
@@ -223,6 +245,7 @@ class RunDir:
         replaced, so the same command can be run again once its error is fixed)."""
         name = name.replace("{time}", time.strftime("%Y%m%d-%H%M%S"))
         path = Path(out_dir) / name
+        recorded = recorded_files()
         try:
             if not exist_ok and cls.check_new(out_dir, name):
                 shutil.rmtree(path)
@@ -230,7 +253,8 @@ class RunDir:
             run = cls(path)
             atomic_write_text(path / "config.toml", config_toml)
             atomic_write_json(path / "run.json", {"kind": kind, "status": "running", "started": time.time(),
-                                                   "versions": _versions(), **this_process(), **(info or {})})
+                                                   "versions": _versions(), **this_process(),
+                                                   **({"recorded": recorded} if recorded else {}), **(info or {})})
         except PermissionError as e:
             raise UserError(f"cannot create the run directory {path}: permission denied ({e.filename}); "
                             "choose a writable run.out_dir") from None

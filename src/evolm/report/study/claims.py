@@ -18,13 +18,15 @@ REQUIRED = {"change": ("run", "metric", "expect"), "compare": ("a", "b", "metric
             "contrast": ("a", "b", "c", "d", "metric", "expect"), "value": ("file", "path", "expect", "threshold")}
 """The fields each kind of test needs."""
 COMMON = ("name", "not_run", "context", "requires")
+UNITS = ("problem", "seed")
+"""What a test's interval resamples: problems (within each seed) or seeds (Student's t over per-seed means)."""
 """Fields every kind of test may set."""
-OPTIONAL = {"change": ("task", "margin", "margin_of", "seeds") + COMMON,
-            "compare": ("a_base", "b_base", "task", "margin", "margin_of", "a_seeds", "b_seeds") + COMMON,
+OPTIONAL = {"change": ("task", "margin", "margin_of", "seeds", "unit") + COMMON,
+            "compare": ("a_base", "b_base", "task", "margin", "margin_of", "a_seeds", "b_seeds", "pairs", "unit") + COMMON,
             "contrast": COMMON, "value": ("over", "minus") + COMMON}
 """The fields each kind of test may set besides ``kind`` and its required ones."""
 KIND_FIELDS = ("run", "metric", "a", "b", "c", "d", "a_base", "b_base", "file", "path", "over", "minus", "threshold",
-               "task", "margin", "margin_of", "seeds", "a_seeds", "b_seeds")
+               "task", "margin", "margin_of", "seeds", "a_seeds", "b_seeds", "pairs", "unit")
 """The fields some kinds take and others refuse."""
 EXAMPLES = {"run": 'run = "c1c2-es"', "metric": 'metric = "pass@1"', "a": 'a = "c1c2-grpo/eval_after.json"',
             "b": 'b = "matched/es-at-grpo-sequences/eval.json"', "c": 'c = "c7-gemma/es.population=10/eval_after.json"',
@@ -105,6 +107,14 @@ class ClaimTest:
     the per-problem mean over its files."""
     b_seeds: list[str] = field(default_factory=list)
     """compare: the same for side b."""
+    pairs: list[list[str]] = field(default_factory=list)
+    """compare: more ``[a, b]`` evaluation-file pairs, each pair on its own problems (the same comparison under other
+    seeds, e.g. ``[["n30-grpo-s1/eval_after.json", "n30-es-s1/eval_after.json"]]``): b − a is paired by problem
+    within each pair and the test is over the seeds (needs ``unit = "seed"``)."""
+    unit: str = ""
+    """change with ``seeds``, compare with ``pairs``: ``seed`` (the interval is Student's t over the per-seed mean
+    differences: a method's claim is as uncertain as its seeds disagree) or ``problem`` (each seed's problems
+    resampled on their own, the seeds fixed). Empty: ``problem``."""
     c: str = ""
     """contrast: the first evaluation file of the second problem set (the second gap is d − c)."""
     d: str = ""
@@ -257,6 +267,14 @@ def check_test(t: ClaimTest, what: str) -> None:
     if t.minus is not None and not (t.minus.file and t.minus.path):
         raise ConfigError(f"{what}: minus needs file and path (minus = {{ file = \"analyses/c3/diversity.json\", "
                           "path = \"center_per_prompt\" }})")
+    if t.unit and t.unit not in UNITS:
+        raise ConfigError(f"{what}: unit must be one of {', '.join(UNITS)} (got '{t.unit}')")
+    if t.pairs and (any(len(p) != 2 or not all(p) for p in t.pairs) or t.unit != "seed" or t.a_seeds or t.b_seeds
+                    or t.a_base):
+        raise ConfigError(f"{what}: pairs is a list of [a, b] files, one pair per further seed, with unit = \"seed\" and "
+                          "without a_seeds, b_seeds or bases")
+    if t.unit == "seed" and len(t.seeds) + len(t.pairs) < 1:
+        raise ConfigError(f"{what}: unit = \"seed\" needs other seeds (change: seeds; compare: pairs), at least two in all")
     if bool(t.a_base) != bool(t.b_base):
         raise ConfigError(f"{what}: a_base and b_base go together (each side's change from its own baseline)")
     if t.a_base and (t.a_seeds or t.b_seeds):

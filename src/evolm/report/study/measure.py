@@ -13,7 +13,7 @@ from evolm.errors import UserError
 from evolm.report.study.claims import Claim, ClaimsFile, ClaimTest, Premise
 from evolm.report.study.stats import (BOOTSTRAP_RESAMPLES, FAMILY_RESAMPLES, LEVEL, bootstrap_interval, contrast_interval,
                                       count_interval, family_level, is_binary, null_interval, paired_binary_interval,
-                                      problem_values, stratified_interval)
+                                      problem_values, seed_interval, stratified_interval)
 from evolm.report.study.verdicts import (CONTRADICTED, GATED, INCONCLUSIVE, MARGIN_EXPECTS, NOT_RUN, REPRODUCED,
                                          claim_verdict, interval_verdict, value_verdict)
 
@@ -289,7 +289,8 @@ def files_of(test: ClaimTest, data_dir: Path) -> list[Path]:
     if test.kind == "change":
         return [data_dir / r / f for r in [test.run] + test.seeds for f in ("eval_before.json", "eval_after.json")]
     if test.kind == "compare":
-        return [data_dir / f for f in [test.a, test.b, test.a_base, test.b_base] + test.a_seeds + test.b_seeds if f]
+        return [data_dir / f for f in [test.a, test.b, test.a_base, test.b_base] + test.a_seeds + test.b_seeds
+                + [f for pair in test.pairs for f in pair] if f]
     if test.kind == "contrast":
         return [data_dir / f for f in (test.a, test.b, test.c, test.d)]
     second = test.over or test.minus
@@ -358,6 +359,8 @@ def _paired(claim: str, test: ClaimTest, label: str, data_dir: Path, read: Reade
         if gone:
             result.gate = drops[gone[0]][2]
             failure = "" if kept else gates.failure_of(result.gate)
+    elif test.pairs:
+        failure = _seed_pairs(result, test, data_dir, read, gates, at)
     else:
         a_files, b_files = [data_dir / f for f in [test.a] + test.a_seeds], [data_dir / f for f in [test.b] + test.b_seeds]
         bases = [data_dir / f for f in (test.a_base, test.b_base) if f]
@@ -400,6 +403,17 @@ def _change_numbers(result: Outcome, test: ClaimTest, units: list[tuple[str, lis
     if not strata:
         result.detail = f"no per-problem {test.metric} in {' or '.join(result.files)}"
         return
+    if test.unit == "seed":  # the seed is the unit: t over the runs' mean changes
+        means = [sum(y - x for x, y in _pairs(b, a, test, read)) / max(1, len(_pairs(b, a, test, read)))
+                 for _, (b, a) in units]
+        if len(means) < 2:
+            result.detail = "one seed left: an interval over seeds needs two"
+            return
+        mean, lo, hi = seed_interval(means, at.level)
+        result.estimate, result.interval, result.method = mean, [lo, hi], f"t over {len(means)} seeds"
+        result.problems = problems
+        result.a, result.b = _run_means(units, test, read)
+        return
     total = sum(n for n, _ in strata)
     weights = [(n / total, d) for n, d in strata]
     pairs = [(x, y) for _, (b, a) in units for x, y in _pairs(b, a, test, read)] if len(units) == 1 else []
@@ -411,6 +425,37 @@ def _change_numbers(result: Outcome, test: ClaimTest, units: list[tuple[str, lis
         result.method = "bootstrap" if len(units) == 1 else "stratified bootstrap"
     result.problems = problems
     result.a, result.b = _run_means(units, test, read)
+
+
+def _seed_pairs(result: Outcome, test: ClaimTest, data_dir: Path, read: Reader, gates: Gates, at: Level) -> str:
+    """compare with ``pairs``: b − a paired by problem within each seed's pair, the interval Student's t over the
+    seeds' mean differences; a pair either side of which a failed run premise covers is left out (shown in its
+    row). Returns the failure verdict when fewer than two seeds are left."""
+    rows, means, ps, gate = [], [], 0, ""
+    for a, b in [(test.a, test.b)] + [tuple(p) for p in test.pairs]:
+        pa, pb = data_dir / a, data_dir / b
+        va, vb = _values(pa, test.metric, test.task, read), _values(pb, test.metric, test.task, read)
+        _same_problems(va, vb, pa, pb)
+        pairs = [(va[i], vb[i]) for i in va if va[i] is not None and vb[i] is not None]
+        mean, lo, hi = _own_interval(pairs)
+        _, dropped, g = _drop([pa, pb], data_dir, gates)
+        rows.append({"label": f"{b} − {a}", "a": sum(x for x, _ in pairs) / len(pairs),
+                     "b": sum(y for _, y in pairs) / len(pairs), "estimate": mean, "interval": [lo, hi],
+                     "problems": len(pairs), "dropped": dropped[0].split(": ", 1)[1] if dropped else ""})
+        gate = gate or g
+        if not dropped:
+            means.append(mean)
+            ps += len(pairs)
+    result.seeds, result.gate = rows, gate
+    if len(means) < 2:
+        result.detail = "fewer than two seeds left: an interval over seeds needs two"
+        return gates.failure_of(gate) if gate else ""
+    mean, lo, hi = seed_interval(means, at.level)
+    result.estimate, result.interval, result.method = mean, [lo, hi], f"t over {len(means)} seeds"
+    kept = [r for r in rows if not r["dropped"]]
+    result.problems = ps
+    result.a, result.b = sum(r["a"] for r in kept) / len(kept), sum(r["b"] for r in kept) / len(kept)
+    return ""
 
 
 def _pairs(before: Path, after: Path, test: ClaimTest, read: Reader) -> list[tuple[float, float]]:
