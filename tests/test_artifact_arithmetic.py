@@ -233,6 +233,28 @@ def test_replicas_diverge_between_syncs_and_are_equal_right_after_one(tokenizer)
         assert params.replicas_equal() == synced  # between syncs each replica carries its own reverts
 
 
+def test_divergence_before_a_sync_is_each_replicas_distance_and_differing_share_from_replica_0(tokenizer):
+    model = make_tiny_model(tokenizer, hidden=32, layers=1).to(torch.bfloat16)
+    params = ArtifactParamSet(model, CounterNoise(3), lr=LR, population=6, engines=3, sync_every=2)
+    for member in range(6):  # two members per replica, one lossy cycle each
+        params.perturb(0, member, +1, SIGMA)
+        params.restore()
+    assert params.apply_update(0, [1.0, -0.5, 0.2, -0.7, 0.3, 0.1], LR / 6)
+    assert params.end_step(1) is False and params.last_sync_divergence is None
+    zero, expected = [t.float() for t in params.replica(0)], []
+    for r in (1, 2):  # computed here directly, over every coordinate at once
+        other = [t.float() for t in params.replica(r)]
+        dist = torch.sqrt(sum(((b - a).double() ** 2).sum() for a, b in zip(zero, other))) / \
+            torch.sqrt(sum((a.double() ** 2).sum() for a in zero))
+        differ = sum(int((_bits(a.bfloat16()) != _bits(b.bfloat16())).sum()) for a, b in zip(zero, other))
+        expected.append((float(dist), differ / sum(a.numel() for a in zero)))
+    assert params.end_step(2) is True and params.replicas_equal()
+    d = params.last_sync_divergence
+    assert d["relative_distance"] == pytest.approx([e[0] for e in expected], rel=1e-9)
+    assert d["differing"] == [e[1] for e in expected] and 0 < d["differing_max"] < 1
+    assert d["relative_distance_max"] == max(d["relative_distance"]) > 0
+
+
 def test_members_score_on_their_replicas_weights(tokenizer):
     model = make_tiny_model(tokenizer, hidden=32, layers=1).to(torch.bfloat16)
     params = ArtifactParamSet(model, CounterNoise(3), lr=LR, population=2, engines=2)
@@ -265,6 +287,9 @@ def test_an_artifact_run_trains_logs_its_syncs_and_replays_bit_for_bit(tmp_path,
     assert [bool(r.get("engine_sync")) for r in log[1:]] == [False, True, True]  # step 2 (period), step 3 (the end)
     records = run.train_records()
     assert all(r["ref_sample"] == 4096 and r["ref_error_rel"] > 0 for r in records)
+    # the divergence is logged at the syncs only (steps 2 and 3), measured just before them
+    assert ["replica_divergence" in r for r in records] == [False, True, True]
+    assert records[1]["replica_divergence"]["differing_max"] > 0
     replayed = make_tiny_model(tokenizer).to(torch.bfloat16)
     params = replay(replayed, log, _cfg(tmp_path, iterations=3))
     assert _same(trained, replayed) and params.replicas_equal()

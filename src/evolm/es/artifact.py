@@ -63,6 +63,10 @@ Design decisions:
   artifact): given the coefficients it is the single-engine loop over members ``0 .. N/K - 1``, whatever
   the sync schedule (tested). The other replicas act on it only through their members' fitness; in a
   null walk (fitness not computed from the weights) K and the syncs change nothing in replica 0.
+- **Replica divergence is measured before each sync** (``divergence``: each replica's relative distance from
+  replica 0 and the share of its coordinates whose bits differ), logged as ``replica_divergence`` in that
+  update's metrics record: how far the artifact's engines score members on weights that are not the saved
+  model's, the number its 117-update sync period leaves open.
 - **Memory:** K - 1 copies of the selected tensors in the model's dtype (``(K - 1) * P * 2`` bytes in
   bf16: 1.9 GB for SmolLM2-135M at K = 8, 21.6 GB for Qwen2.5-1.5B), plus one chunk of 2^20 values
   for the swap. The restore-error shadow of ``reference`` (``es.reference_error_sample``, metrics
@@ -110,6 +114,8 @@ class ArtifactParamSet(ReferenceParamSet):
         self.stored = {r: [t.detach().clone() for t in self.tensors] for r in range(1, self.engines)}
         """Replicas not in the model now, by engine (replica ``active`` is in the model's tensors)."""
         self.active = 0
+        self.last_sync_divergence: dict | None = None
+        """``divergence()`` measured just before the latest ``end_step``'s sync (None when it did not sync)."""
 
     @property
     def perturb_path(self) -> str:
@@ -159,12 +165,39 @@ class ArtifactParamSet(ReferenceParamSet):
 
     def end_step(self, step: int) -> bool:
         """Called by the engine after update ``step`` (applied or not): sync if due; returns whether it did
-        (the engine writes it into the seed log, which replay follows)."""
+        (the engine writes it into the seed log, which replay follows). Just before a sync the replicas'
+        divergence from replica 0 is measured into ``last_sync_divergence`` (None after an update with no sync),
+        which the engine logs in that update's metrics record."""
         self.activate(0)
+        self.last_sync_divergence = None
         if self.engines > 1 and self.sync_due(step):
+            self.last_sync_divergence = self.divergence()
             self.sync_replicas()
             return True
         return False
+
+    @torch.no_grad()
+    def divergence(self) -> dict:
+        """How far replicas 1..K-1 have drifted from replica 0 since the last sync, each measured against it:
+        ``relative_distance`` = ||theta_r - theta_0|| / ||theta_0|| (sums in float64 over chunks, the difference
+        taken in float32, exact for bf16/fp16 values) and ``differing`` = the share of coordinates whose bits
+        differ; per replica (lists, replica 1 first) and their maximum. Cost: one pass over K - 1 replicas."""
+        zero = self.replica(0)
+        norm0 = math.sqrt(sum(float(t.double().square().sum()) for t in zero))
+        total = sum(t.numel() for t in zero)
+        dist, share = [], []
+        for r in range(1, self.engines):
+            sq, diff = 0.0, 0
+            for a, b in zip(zero, self.replica(r)):
+                fa, fb = a.view(-1), b.view(-1)
+                for s in range(0, fa.numel(), CHUNK):
+                    x, y = fa[s:s + CHUNK], fb[s:s + CHUNK]
+                    sq += float((y.float() - x.float()).double().square().sum())
+                    diff += int((_bits(x) != _bits(y)).sum())
+            dist.append(math.sqrt(sq) / norm0 if norm0 else 0.0)
+            share.append(diff / total)
+        return {"relative_distance": dist, "differing": share, "relative_distance_max": max(dist),
+                "differing_max": max(share)}
 
     def catch_up(self) -> int:
         """Before the model is read (probe, checkpoint, the end): replica 0 in the model."""

@@ -434,6 +434,9 @@ def _iteration(cfg, run: RunDir, population, task, tokenizer, generator, layout,
                           gen_tokens=scores.gen_tokens, totals=totals, **extra)
     end_step = getattr(getattr(population, "params", None), "end_step", None)  # artifact: replicas synced now?
     synced = bool(end_step(step)) if end_step is not None else False
+    divergence = getattr(population.params, "last_sync_divergence", None) if synced else None
+    if divergence:
+        record["replica_divergence"] = divergence
     run.log_seed({"step": step, "iteration": iteration, "coefficients": update.coefficients, "scale": update.scale,
                   "status": update.status, "fitness": scores.fitness, **({"engine_sync": True} if synced else {})})
     run.log_metrics(record)
