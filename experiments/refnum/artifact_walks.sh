@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# The numerics question asked of the paper's own arithmetic (issue 41, items 3-4): null walks (seeded random fitness,
+# no generation: experiments/refnum/null_walk.py) at the artifact's Easy setting — N = 32, sigma = 1.5e-3,
+# lr = 2.5e-4 with 1/sigma folded in (es.divide_by_sigma = false), 234 updates (its 2 epochs) — under
+#   exact      exact float32 (float32 weights, restore bit for bit)
+#   reference  Qiu et al.'s single-process in-place bfloat16 loop (es.arithmetic = "reference")
+#   artifact   the artifact's loop: 8 simulated engines, each reverting its own 4 members, synced every 117 updates
+#              and at checkpoints (es.arithmetic = "artifact", es.engines = 8, es.engine_sync_every = 117); the
+#              replicas' divergence before each sync is in metrics.jsonl (replica_divergence)
+# on SmolLM2-135M and Gemma-3-270M, for run.seed 0, 1, 2 (the seed changes the members' noise and the fitness draws).
+#
+#   bash experiments/refnum/artifact_walks.sh                 # every model, arm and seed not done yet, one at a time
+#   MODELS=smollm2 SEEDS=0 bash experiments/refnum/artifact_walks.sh   # a subset
+#   ITERATIONS=2 POPULATION=8 OUT=/tmp/aw bash experiments/refnum/artifact_walks.sh   # a smoke of the plumbing
+#
+# Writes only under OUT (default runs/refnum-artifact): aw-<model>-<arm>-s<seed>-null/. Resumable: a finished walk is
+# skipped, a stopped one continued (null_walk.py --resume). Cost, one thread, from the committed null walks at
+# Qiu et al.'s setting (N = 30): SmolLM2 exact ~1.3 s, reference ~10 s per update alone; Gemma reference ~42 s; the
+# artifact arm about the reference's plus its syncs: ~5 min + ~40 min + ~45 min per SmolLM2 seed, ~10 min + ~3 h +
+# ~3 h per Gemma seed.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+PY=${PY:-.venv/bin/python}
+OUT=${OUT:-runs/refnum-artifact}
+ITERATIONS=${ITERATIONS:-234}
+POPULATION=${POPULATION:-32}
+MODELS=${MODELS:-smollm2 gemma}
+SEEDS=${SEEDS:-0 1 2}
+mkdir -p "$OUT"
+
+SETTING=(--set "es.population=$POPULATION" --set es.sigma=0.0015 --set es.lr=0.00025 --set es.divide_by_sigma=false)
+ARTIFACT=(--set 'es.arithmetic="artifact"' --set es.engines=8 --set es.engine_sync_every=117 --set run.checkpoint_every=117
+          --set 'model.dtype="bfloat16"')
+
+config_of() {  # config_of MODEL ARM: the refnum config an arm starts from
+  case "$1:$2" in
+    smollm2:exact) echo experiments/refnum/smollm2-es-exact-f32.toml ;;
+    smollm2:*) echo experiments/refnum/smollm2-es-reference-bf16.toml ;;
+    gemma:exact) echo experiments/refnum/gemma-es-exact-f32.toml ;;
+    gemma:*) echo experiments/refnum/gemma-es-reference-bf16.toml ;;
+  esac
+}
+
+walk() {  # walk MODEL ARM SEED
+  local model=$1 arm=$2 seed=$3 name="aw-$1-$2-s$3" dir
+  dir="$OUT/$name-null"
+  if grep -qs '"status": "finished"' "$dir/run.json"; then echo "$name: done"; return; fi
+  if [ -f "$dir/config.toml" ]; then
+    "$PY" experiments/refnum/null_walk.py --resume "$dir" --iterations "$ITERATIONS"
+  else
+    local extra=()
+    [ "$arm" = artifact ] && extra=("${ARTIFACT[@]}")
+    "$PY" experiments/refnum/null_walk.py "$(config_of "$model" "$arm")" --iterations "$ITERATIONS" --out-dir "$OUT" \
+      --set "run.name=\"$name\"" --set "run.seed=$seed" "${SETTING[@]}" "${extra[@]}"
+  fi
+}
+
+for model in $MODELS; do
+  for seed in $SEEDS; do
+    for arm in exact reference artifact; do
+      walk "$model" "$arm" "$seed" > "$OUT/aw-$model-$arm-s$seed.log" 2>&1 || { echo "aw-$model-$arm-s$seed failed: see $OUT/aw-$model-$arm-s$seed.log" >&2; exit 1; }
+    done
+  done
+done
