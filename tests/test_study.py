@@ -507,7 +507,7 @@ def test_copied_run_directory_reads_like_a_run(tmp_path):
 def test_the_committed_claims_file():
     claims = load_claims(ROOT / "experiments" / "study" / "claims.toml")
     ids = [c.id for c in claims.claim]
-    assert ids == [f"C{i}" for i in range(1, 10)] + ["Q1", "Q2", "Q3a", "Q3b", "Q3c", "Q3d"]
+    assert ids == [f"C{i}" for i in range(1, 10)] + ["Q1", "Q2", "Q3a", "Q3b", "Q3c", "Q3d", "Q4"]
     for c in claims.claim:
         assert c.claim and c.paper and c.command and c.decide and c.cost, c.id
         assert c.not_run or c.test, f"{c.id} is neither run nor says why not"
@@ -718,7 +718,8 @@ def test_every_claims_command_is_a_stage_of_the_driver():
     modes = set(re.findall(r"^  ([a-z0-9]+)\)", refnum.read_text(), flags=re.M))
     asked = {s for c in claims.claim for s in re.findall(r"experiments/refnum/run\.sh ([a-z0-9]+)", c.command)}
     assert asked and asked <= modes, asked - modes
-    assert all(re.findall(r"[a-z/]+/run\.sh", c.command) for c in claims.claim)
+    subprocess.run(["bash", "-n", str(ROOT / "experiments" / "refnum" / "artifact_walks.sh")], check=True)  # Q4's driver
+    assert all(re.findall(r"[a-z/]+/(?:run|artifact_walks)\.sh", c.command) for c in claims.claim)
 
 
 def test_the_committed_page_regenerates_from_the_committed_files(tmp_path, monkeypatch):

@@ -13,7 +13,9 @@
 #   MODELS=smollm2 SEEDS=0 bash experiments/refnum/artifact_walks.sh   # a subset
 #   ITERATIONS=2 POPULATION=8 OUT=/tmp/aw bash experiments/refnum/artifact_walks.sh   # a smoke of the plumbing
 #
-# Writes only under OUT (default runs/refnum-artifact): aw-<model>-<arm>-s<seed>-null/. Resumable: a finished walk is
+# Writes only under OUT (default runs/refnum-artifact): aw-<model>-<arm>-s<seed>-null/, their analyses (drift, sparsity,
+# localisation; analyses/aw-...-null/) and summary.json (experiments/refnum/artifact_summary.py: per model and seed, the
+# numbers the study's Q4 tests read); PUBLISH=docs/study/artifact copies the small files, analyses and summary there. Resumable: a finished walk is
 # skipped, a stopped one continued (null_walk.py --resume). Cost, one thread, from the committed null walks at
 # Qiu et al.'s setting (N = 30): SmolLM2 exact ~1.3 s, reference ~10 s per update alone; Gemma reference ~42 s; the
 # artifact arm about the reference's plus its syncs: ~5 min + ~40 min + ~45 min per SmolLM2 seed, ~10 min + ~3 h +
@@ -55,10 +57,26 @@ walk() {  # walk MODEL ARM SEED
   fi
 }
 
+# tau = 1 x the single-update RMS lr / sqrt(N) (C5's "a threshold within one update's magnitude range")
+TAU=$("$PY" -c "import math; print(0.00025 / math.sqrt($POPULATION))")
+
+analyse() {  # analyse NAME: drift, sparsity and localisation of a finished walk against its own base (counts only)
+  local name=$1 dir="$OUT/analyses/$1" args=(--trained "$1=$OUT/$1")
+  [ -f "$OUT/$name/final/config.json" ] || return 0
+  mkdir -p "$dir"
+  [ -f "$dir/drift.json" ] || "$PY" -m evolm analyze drift "${args[@]}" --out "$dir"
+  [ -f "$dir/sparsity.json" ] || "$PY" -m evolm analyze sparsity "${args[@]}" --no-eval --tau-scale "$TAU" \
+    --multipliers 0.25,0.5,1,2,4,8 --out "$dir"
+  [ -f "$dir/localisation.json" ] || "$PY" -m evolm analyze localisation "${args[@]}" --k 100 --out "$dir"
+}
+
 for model in $MODELS; do
   for seed in $SEEDS; do
     for arm in exact reference artifact; do
       walk "$model" "$arm" "$seed" > "$OUT/aw-$model-$arm-s$seed.log" 2>&1 || { echo "aw-$model-$arm-s$seed failed: see $OUT/aw-$model-$arm-s$seed.log" >&2; exit 1; }
+      analyse "aw-$model-$arm-s$seed-null" >> "$OUT/aw-$model-$arm-s$seed.log" 2>&1
     done
   done
 done
+# the per-seed contrasts the study's Q4 tests read; PUBLISH=docs/study/artifact also copies them (and the small files)
+"$PY" experiments/refnum/artifact_summary.py "$OUT" ${PUBLISH:+--publish "$PUBLISH"}

@@ -23,7 +23,7 @@ UNITS = ("problem", "seed")
 """Fields every kind of test may set."""
 OPTIONAL = {"change": ("task", "margin", "margin_of", "seeds", "unit") + COMMON,
             "compare": ("a_base", "b_base", "task", "margin", "margin_of", "a_seeds", "b_seeds", "pairs", "unit") + COMMON,
-            "contrast": COMMON, "value": ("over", "minus") + COMMON}
+            "contrast": COMMON, "value": ("over", "minus", "unit") + COMMON}
 """The fields each kind of test may set besides ``kind`` and its required ones."""
 KIND_FIELDS = ("run", "metric", "a", "b", "c", "d", "a_base", "b_base", "file", "path", "over", "minus", "threshold",
                "task", "margin", "margin_of", "seeds", "a_seeds", "b_seeds", "pairs", "unit")
@@ -114,7 +114,9 @@ class ClaimTest:
     unit: str = ""
     """change with ``seeds``, compare with ``pairs``: ``seed`` (the interval is Student's t over the per-seed mean
     differences: a method's claim is as uncertain as its seeds disagree) or ``problem`` (each seed's problems
-    resampled on their own, the seeds fixed). Empty: ``problem``."""
+    resampled on their own, the seeds fixed). Empty: ``problem``. A value test with ``unit = "seed"`` reads a list
+    with one number per seed at ``path`` (e.g. a walk's drift ratio at seeds 0, 1, 2) and judges its mean by
+    Student's t over those numbers (no ``over`` or ``minus``)."""
     c: str = ""
     """contrast: the first evaluation file of the second problem set (the second gap is d − c)."""
     d: str = ""
@@ -273,7 +275,10 @@ def check_test(t: ClaimTest, what: str) -> None:
                     or t.a_base):
         raise ConfigError(f"{what}: pairs is a list of [a, b] files, one pair per further seed, with unit = \"seed\" and "
                           "without a_seeds, b_seeds or bases")
-    if t.unit == "seed" and len(t.seeds) + len(t.pairs) < 1:
+    if t.kind == "value" and t.unit == "seed" and (t.over is not None or t.minus is not None):
+        raise ConfigError(f"{what}: a value test with unit = \"seed\" reads one list with a number per seed at path "
+                          "(over and minus do not apply): drop over / minus")
+    if t.kind != "value" and t.unit == "seed" and len(t.seeds) + len(t.pairs) < 1:
         raise ConfigError(f"{what}: unit = \"seed\" needs other seeds (change: seeds; compare: pairs), at least two in all")
     if bool(t.a_base) != bool(t.b_base):
         raise ConfigError(f"{what}: a_base and b_base go together (each side's change from its own baseline)")

@@ -581,6 +581,8 @@ def _per_problem(node: Any, where: str) -> list[float]:
 def _list_value(result: Outcome, test: ClaimTest, node: list, where: str, read: Reader, second: Path | None,
                 at: Level) -> Outcome:
     """A per-problem list's mean (or the mean of its paired differences with ``minus``) with its bootstrap interval."""
+    if test.unit == "seed":
+        return _seed_value(result, test, node, where, at)
     values = _per_problem(node, where)
     if second is not None:
         other_where = f"{second}: {test.minus.path}"
@@ -592,6 +594,28 @@ def _list_value(result: Outcome, test: ClaimTest, node: list, where: str, read: 
         values = [x - y for x, y in zip(values, other)]
     mean, lo, hi = bootstrap_interval(values, at.resamples, level=at.level)
     result.estimate, result.interval, result.problems, result.method = mean, [lo, hi], len(values), "bootstrap"
+    result.verdict = value_verdict(test.expect, mean, test.threshold, result.interval)
+    return result
+
+
+def _seed_value(result: Outcome, test: ClaimTest, node: list, where: str, at: Level) -> Outcome:
+    """A list with one number per seed (e.g. a walk's drift ratio at seeds 0, 1, 2): its mean with Student's t
+    interval over the seeds (``stats.seed_interval``), so the verdict is as uncertain as the seeds disagree. Fewer
+    than two seeds give no interval: inconclusive, saying how many there are."""
+    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in node):
+        raise UserError(f"{where} is not a list of numbers (one per seed); point the test's path at one")
+    values = [float(x) for x in node]
+    result.method = f"t over {len(values)} seeds"
+    if not values:
+        result.detail = f"no seed has finished ({where} is empty)"
+        return result
+    if len(values) < 2:
+        result.estimate = values[0] if values else None
+        result.verdict, result.detail = INCONCLUSIVE, f"{len(values)} seed(s) so far; an interval over seeds needs two or more"
+        return result
+    mean, lo, hi = seed_interval(values, level=at.level)
+    result.estimate, result.interval = mean, [lo, hi]
+    result.detail = f"{len(values)} seeds: " + ", ".join(f"{x:.4g}" for x in values)
     result.verdict = value_verdict(test.expect, mean, test.threshold, result.interval)
     return result
 

@@ -96,6 +96,8 @@ def _describe(r: Outcome) -> str:
     if r.kind == "value" and r.estimate is not None:
         criterion = f"expected {r.expect} {r.threshold:g}"
         shown = title
+        if r.method.startswith("t over") and r.interval is not None:  # a number per seed: t over the seeds
+            return f"{shown}: {interval_text(r)} (mean, 95% {r.method}; {r.detail}; {criterion}): {_verdict(r)}"
         if r.problems is not None and r.interval is not None:  # a per-problem list (minus a second one)
             means = f"; means {r.a:.3f} − {r.b:.3f}" if r.a is not None and r.b is not None else ""
             return (f"{shown}: {interval_text(r)} (mean over {r.problems} problems, 95% bootstrap{means}; "

@@ -1,0 +1,146 @@
+"""Summarise the artifact null walks (experiments/refnum/artifact_walks.sh): per model and seed, the paper's own
+arithmetic (the artifact's 8-engine loop) and Qiu et al.'s single-process bf16 loop against exact float32.
+
+    python experiments/refnum/artifact_summary.py runs/refnum-artifact                                 # OUT/summary.json
+    python experiments/refnum/artifact_summary.py runs/refnum-artifact --publish docs/study/artifact   # and publish
+
+Reads OUT/aw-<model>-<arm>-s<seed>-null (run files) and OUT/analyses/aw-...-null (drift.json, sparsity.json,
+written by the script's analyses), builds each row with summarise.py's ``summarise_run`` (the same numbers as the
+Q3 walks), and per model lists, seed by seed (only seeds whose three arms reached the same update with both
+analyses), the numbers the study's Q4 tests read with the seed as the unit:
+
+- ``drift_ratio_artifact``, ``drift_ratio_reference``: relative distance ||theta - theta0|| / ||theta0|| of the
+  artifact (reference) walk over the exact float32 walk's, same seed, same updates;
+- ``artifact_over_reference``: the artifact walk's drift over the reference walk's;
+- ``below_tau_difference_artifact`` (``_reference``): share of moved coordinates below tau = 1 x the single-update
+  RMS (lr / sqrt(N)), that walk minus the exact walk (C5's signature);
+- ``divergence_before_sync`` / ``differing_before_sync``: the largest relative distance of a replica from replica
+  0 (share of coordinates whose bits differ) logged just before a sync (``replica_divergence`` records).
+
+Writes only OUT/summary.json and OUT/summary.md unless ``--publish DIR`` is given, which also copies the runs'
+small files (no weights) and analyses under DIR. Nothing is computed from weights here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from summarise import SMALL, _below_1x, summarise_run  # noqa: E402
+
+NAME = re.compile(r"^aw-(?P<model>[a-z0-9]+)-(?P<arm>exact|reference|artifact)-s(?P<seed>\d+)-null$")
+ARMS = ("exact", "reference", "artifact")
+MODELS = ("smollm2-135m", "gemma3-270m")
+"""The models the study's Q4 tests read (model.spec of the refnum configs)."""
+
+
+def _divergence(run: Path) -> tuple[float | None, float | None]:
+    """The largest ``relative_distance_max`` and ``differing_max`` over the run's pre-sync records."""
+    p = run / "metrics.jsonl"
+    recs = [r["replica_divergence"] for r in map(json.loads, p.read_text().splitlines() if p.exists() else [])
+            if isinstance(r, dict) and r.get("replica_divergence")]
+    if not recs:
+        return None, None
+    return max(r["relative_distance_max"] for r in recs), max(r["differing_max"] for r in recs)
+
+
+def summarise(out: Path) -> dict:
+    rows, by = {}, {}
+    for run in sorted(p for p in out.iterdir() if NAME.match(p.name) and (p / "config.toml").exists()):
+        m = NAME.match(run.name)
+        row = summarise_run(run, out / "analyses" / run.name)
+        row["arm"], row["seed"] = m["arm"], int(m["seed"])
+        if m["arm"] == "artifact":
+            row["divergence_before_sync"], row["differing_before_sync"] = _divergence(run)
+        rows[run.name] = row
+        by.setdefault(row["model"], {}).setdefault(row["seed"], {})[m["arm"]] = row
+    contrasts = {}
+    for model in MODELS:  # every model the tests name, with empty lists until a seed finishes
+        by.setdefault(model, {})
+    for model, seeds in sorted(by.items()):
+        c = {k: [] for k in ("seeds", "updates", "drift_ratio_artifact", "drift_ratio_reference", "artifact_over_reference",
+                             "below_tau_difference_artifact", "below_tau_difference_reference",
+                             "divergence_before_sync", "differing_before_sync")}
+        c["incomplete"] = []
+        for seed, arms in sorted(seeds.items()):
+            ok = (all(a in arms and "drift" in arms[a] and "sparsity" in arms[a] for a in ARMS)
+                  and len({arms[a]["updates"] for a in ARMS}) == 1)
+            if not ok:
+                c["incomplete"].append({"seed": seed, "arms": {a: arms[a]["updates"] for a in arms}})
+                continue
+            e, r, a = (arms[x] for x in ARMS)
+            d = {x: arms[x]["drift"]["relative_distance"] for x in ARMS}
+            c["seeds"].append(seed)
+            c["updates"].append(e["updates"])
+            c["drift_ratio_artifact"].append(d["artifact"] / d["exact"])
+            c["drift_ratio_reference"].append(d["reference"] / d["exact"])
+            c["artifact_over_reference"].append(d["artifact"] / d["reference"])
+            c["below_tau_difference_artifact"].append(_below_1x(a) - _below_1x(e))
+            c["below_tau_difference_reference"].append(_below_1x(r) - _below_1x(e))
+            c["divergence_before_sync"].append(a.get("divergence_before_sync"))
+            c["differing_before_sync"].append(a.get("differing_before_sync"))
+        contrasts[model] = c
+    return {"runs": rows, "contrasts": contrasts}
+
+
+def markdown(summary: dict) -> str:
+    lines = ["# The artifact's arithmetic against exact float32: null walks", "",
+             "| model | seed | updates | drift artifact / exact | reference / exact | artifact / reference | "
+             "below tau, artifact - exact | reference - exact | replica divergence before sync |", "|---|---|---|---|---|---|---|---|---|"]
+    f = lambda x: "–" if x is None else f"{x:.4g}"  # noqa: E731
+    for model, c in summary["contrasts"].items():
+        for i, seed in enumerate(c["seeds"]):
+            lines.append(f"| {model} | {seed} | {c['updates'][i]} | {f(c['drift_ratio_artifact'][i])} | "
+                         f"{f(c['drift_ratio_reference'][i])} | {f(c['artifact_over_reference'][i])} | "
+                         f"{f(c['below_tau_difference_artifact'][i])} | {f(c['below_tau_difference_reference'][i])} | "
+                         f"{f(c['divergence_before_sync'][i])} |")
+        for inc in c["incomplete"]:
+            lines.append(f"| {model} | {inc['seed']} | incomplete: {inc['arms']} | | | | | | |")
+    return "\n".join(lines) + "\n"
+
+
+def publish(out: Path, dest: Path) -> None:
+    for run in sorted(p for p in out.iterdir() if NAME.match(p.name) and (p / "config.toml").exists()):
+        d = dest / "runs" / run.name
+        d.mkdir(parents=True, exist_ok=True)
+        for name in SMALL:
+            if (run / name).exists():
+                shutil.copy2(run / name, d / name)
+        analyses = out / "analyses" / run.name
+        if analyses.is_dir():
+            a = dest / "analyses" / run.name
+            a.mkdir(parents=True, exist_ok=True)
+            for f in analyses.iterdir():
+                if f.suffix in (".json", ".png"):
+                    shutil.copy2(f, a / f.name)
+    for name in ("summary.json", "summary.md"):
+        shutil.copy2(out / name, dest / name)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("out", help="artifact_walks.sh's output directory (runs/refnum-artifact)")
+    ap.add_argument("--publish", default="", help="also copy the small files, analyses and summary here "
+                                                   "(docs/study/artifact, which the study's Q4 tests read)")
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    if not out.is_dir():
+        print(f"artifact_summary: {out} is not a directory; give artifact_walks.sh's OUT", file=sys.stderr)
+        return 2
+    summary = summarise(out)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    (out / "summary.md").write_text(markdown(summary))
+    if args.publish:
+        Path(args.publish).mkdir(parents=True, exist_ok=True)
+        publish(out, Path(args.publish))
+    print((out / "summary.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
