@@ -71,6 +71,12 @@ Verdicts (``verdicts``):
   contradicted (``"not_contradicted"``), at 95%. Gated tests keep their numbers on the page, with what their
   interval said.
 - "not run" when the claim or test sets ``not_run`` or an input file is missing.
+- "untestable" (``testability``): a test whose outcome its definition fixes (a fraction-below threshold no noise walk
+  reaches, an expected top-k count below one, a margin below one problem's share) is refused when the study loads,
+  unless it declares ``untestable = "why it is kept"``: then it is shown with its number, not counted, and keeps its
+  claim from "reproduced"; a claim whose every test is untestable reads "untestable". A top-k count is read with the
+  tie at the k-th value split evenly (``tie_split``), never as the tied set's size; a dtype-null record from the old
+  null (step counts shuffled across spacings) is stale and reads "not run".
 - A claim's verdict (``claim_verdict``) counts its tests except the ``context`` ones and the gated ones. It is
   reproduced when every counted test is reproduced at 95% (an intersection-union test), contradicted when some
   counted test is contradicted at the claim's family-wise level 1 − 0.05 / m (Bonferroni over its m counted tests:
