@@ -262,7 +262,8 @@ def dtype_null_localisation(base: dict, trained: dict, dtype: str, k: int = 100,
     ``by_category``, ``in_observed_top_k``), ``at_least_kth`` and ``by_category``: per category ``observed``,
     ``expected``, ``null_mean`` (over the permutations), ``null_interval`` (their 2.5% and 97.5%), ``enrichment``
     (observed / expected; None when the null expects none), ``p_enriched`` and ``p_depleted``
-    (``(1 + #{null ≥ observed}) / (R + 1)``, and ≤)."""
+    (``(1 + #{null ≥ observed}) / (R + 1)``, and ≤), and ``null`` and ``permutations`` again (so that a record read
+    alone says which null made it)."""
     import numpy as np
     import torch
 
@@ -317,7 +318,8 @@ def dtype_null_localisation(base: dict, trained: dict, dtype: str, k: int = 100,
                                             float(values[int(round(0.975 * (len(values) - 1)))])],
                           "enrichment": obs / exp if exp > 0 else None,
                           "p_enriched": float((1 + (values >= obs - tol).sum()) / (len(values) + 1)),
-                          "p_depleted": float((1 + (values <= obs + tol).sum()) / (len(values) + 1))}
+                          "p_depleted": float((1 + (values <= obs + tol).sum()) / (len(values) + 1)),
+                          "null": NULL_KIND, "permutations": permutations}
     held_ids = torch.bincount(held[1].long(), minlength=n).tolist()
     return {"k": k, "dtype": dtype, "null": NULL_KIND, "permutations": permutations, "groups": len(groups),
             "observed": observed,
