@@ -352,4 +352,5 @@ def test_the_committed_c5_counts_the_functional_test_and_shows_the_fraction_as_c
     counted = [t for t in c5.test if not t.context]
     assert counted and all(t.kind == "compare" and t.expect == "equal" for t in counted)
     fractions = [t for t in c5.test if "fraction_below" in t.path]
-    assert fractions and all(t.context and t.noise_walk and t.untestable for t in fractions)
+    assert fractions and all(t.context and t.noise_walk for t in fractions)
+    assert all(bool(t.untestable) == (t.threshold >= noise_walk_bound(t.noise_walk.tau_rms)) for t in fractions)
