@@ -12,6 +12,7 @@ entries naming the committed files that decide it. The package has one module pe
   counted tests say (``claim_verdict``).
 - ``measure``: reading a test's files, pairing them problem by problem, premises and the claims' verdicts
   (``evaluate_study``).
+- ``testability``: which tests cannot pass or cannot fail by their definition (refused, or marked "untestable").
 - ``words``: one line per test, the verdict table's short cells.
 - ``page`` and ``figures``: ``docs/REPRODUCTION.md`` (``build_study``) and its small-multiple pass@k figures.
 
@@ -106,9 +107,10 @@ from evolm.report.study.stats import (BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, FAMIL
                                       bootstrap_curve, bootstrap_interval, contrast_interval, count_interval,
                                       exact_proportion_interval, family_level, null_interval, paired_binary_interval,
                                       pooled_problems, problem_values, stratified_interval)
+from evolm.report.study.testability import fixed_by_data, fixed_by_definition, noise_walk_bound, noise_walk_fraction
 from evolm.report.study.verdicts import (CONTRADICTED, GATED, INCONCLUSIVE, MARGIN_EXPECTS, NOT_RUN, PREMISE_ABSENT,
-                                         REPRODUCED, TRAINING_FAILED, VERDICTS, claim_verdict, interval_verdict,
-                                         value_verdict)
+                                         REPRODUCED, TRAINING_FAILED, UNTESTABLE, VERDICTS, claim_verdict,
+                                         interval_verdict, value_verdict)
 from evolm.report.study.words import describe, describe_premise, family_note, key_number, why
 
 __all__ = [
@@ -121,6 +123,7 @@ __all__ = [
     "bootstrap_interval", "contrast_interval", "count_interval", "exact_proportion_interval", "family_level",
     "null_interval", "paired_binary_interval", "pooled_problems", "problem_values", "stratified_interval",
     "CONTRADICTED", "GATED", "INCONCLUSIVE", "MARGIN_EXPECTS", "NOT_RUN", "PREMISE_ABSENT", "REPRODUCED",
-    "TRAINING_FAILED", "VERDICTS", "claim_verdict", "interval_verdict", "value_verdict",
+    "TRAINING_FAILED", "UNTESTABLE", "VERDICTS", "claim_verdict", "interval_verdict", "value_verdict",
     "describe", "describe_premise", "family_note", "key_number", "why",
+    "fixed_by_data", "fixed_by_definition", "noise_walk_bound", "noise_walk_fraction",
 ]
