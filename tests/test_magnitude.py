@@ -67,7 +67,7 @@ def test_ulp_is_the_dtype_spacing():
 def test_bf16_ulp_walk_is_norm_enriched_in_absolute_terms_only():
     base = _base()
     walked = _ulp_walk(base, {"*": 16})
-    result = magnitude_analysis(base, walked, "bfloat16", k=100, permutations=40)
+    result = magnitude_analysis(base, walked, "bfloat16", k=100, permutations=1000)
     absolute = result["absolute"]["enrichment"]["norm"]
     assert absolute["observed"] >= 90 and absolute["p_enriched"] < 1e-50  # the artefact: top k in norm weights
     relative = result["relative"]["enrichment"]["norm"]
@@ -78,13 +78,14 @@ def test_bf16_ulp_walk_is_norm_enriched_in_absolute_terms_only():
     assert steps["norm"]["median_steps"] == pytest.approx(steps["attention"]["median_steps"], rel=0.5)
 
 
-def test_float32_gaussian_walk_is_not_enriched_and_is_depleted_against_the_dtype_null():
+def test_float32_gaussian_walk_is_not_enriched_absolutely_nor_against_the_dtype_null():
+    # the old null (step counts shuffled across spacings) read this walk as "norm depleted", p = 0.024
     base = _base()
     walked = _gauss_walk(base)
-    result = magnitude_analysis(base, walked, "float32", k=100, permutations=40)
+    result = magnitude_analysis(base, walked, "float32", k=100, permutations=1000)
     assert result["absolute"]["enrichment"]["norm"]["p_enriched"] > 0.01
-    null = result["dtype_null"]["by_category"]["norm"]
-    assert null["null_mean"] > 20 and null["observed"] < 10 and null["p_depleted"] < 0.05
+    for c, rec in result["dtype_null"]["by_category"].items():
+        assert min(rec["p_enriched"], rec["p_depleted"]) > 0.01, (c, rec)
     steps = result["steps"]["by_category"]
     assert steps["norm"]["median_steps"] < steps["attention"]["median_steps"] / 10  # big weights, big ulps
     sparsity = result["relative_sparsity"]["by_category"]
@@ -99,8 +100,8 @@ def test_extra_steps_in_norm_weights_are_enriched_against_the_dtype_null():
     walked = _ulp_walk(base, {"*": 4, NORM: 16})
     rel = relative_localisation(base, walked, k=100)["enrichment"]["norm"]
     assert rel["p_enriched"] < 1e-6
-    null = dtype_null_localisation(base, walked, "bfloat16", k=100, permutations=40)["by_category"]["norm"]
-    assert null["observed"] > null["null_interval"][1] and null["p_enriched"] <= 1 / 41 + 1e-12
+    null = dtype_null_localisation(base, walked, "bfloat16", k=100, permutations=1000)["by_category"]["norm"]
+    assert null["observed"] > null["null_interval"][1] and null["p_enriched"] <= 1 / 1001 + 1e-12
 
 
 def test_relative_analyses_leave_out_zero_base_and_unchanged_coordinates():
@@ -128,12 +129,16 @@ def test_analyze_magnitude_cli_writes_json_and_png(tmp_path, tokenizer):
         state[n].copy_(x)
     model.save_pretrained(tmp_path / "walked")
     code = main(["analyze", "magnitude", "--base", str(tmp_path / "base"), "--trained", f"bf16={tmp_path / 'walked'}",
-                 "--dtype", "bfloat16", "--permutations", "5", "--out", str(tmp_path / "out")])
+                 "--dtype", "bfloat16", "--permutations", "1000", "--out", str(tmp_path / "out")])
     assert code == 0
     result = json.loads((tmp_path / "out" / "magnitude.json").read_text())
     m = result["models"]["bf16"]
     assert m["dtype"] == "bfloat16" and m["absolute"]["by_category"]["norm"] >= 90
-    assert m["dtype_null"]["permutations"] == 5 and (tmp_path / "out" / "magnitude.png").exists()
+    assert m["dtype_null"]["permutations"] == 1000 and (tmp_path / "out" / "magnitude.png").exists()
+    assert m["dtype_null"]["null"] == "within-spacing"
+    refused = main(["analyze", "magnitude", "--base", str(tmp_path / "base"), "--trained", f"bf16={tmp_path / 'walked'}",
+                    "--dtype", "bfloat16", "--permutations", "20", "--out", str(tmp_path / "out20")])
+    assert refused == 2 and not (tmp_path / "out20").exists()  # 20 permutations: p cannot go below 0.048
 
 
 def test_the_step_dtype_is_the_one_the_run_updated_in(tmp_path):
@@ -183,7 +188,7 @@ def test_float32_null_with_zero_bases_is_finite_and_counts_the_observed_top_k():
     delta = {n: torch.randn(w.shape, generator=gen) * 1e-3 for n, w in base.items()}
     delta["model.layers.0.self_attn.q_proj.weight"] *= 10  # the attention weights moved more: they hold the top 100
     trained = {n: base[n] + delta[n] for n in base}
-    rec = dtype_null_localisation(base, trained, "float32", k=100, permutations=3)
+    rec = dtype_null_localisation(base, trained, "float32", k=100, permutations=1000)
     assert rec["at_least_kth"]["kth"] is not None and math.isfinite(rec["at_least_kth"]["kth"])
     top = torch.cat([delta[n].flatten() for n in base]).abs().topk(100).values
     assert rec["at_least_kth"]["kth"] == pytest.approx(float(top[-1]), rel=1e-6)
@@ -209,7 +214,7 @@ def test_zero_and_off_binade_bases_are_held_out_of_the_dtype_null():
     for name, mask in zeroed.items():  # a bf16 zero (or tiny weight) takes the update whole: ~1e-4, not an ulp of 0
         move = (torch.randn(base[name].shape, generator=gen) * 1e-4).to(torch.bfloat16).float()
         walked[name] = torch.where(mask, (base[name] + move).to(torch.bfloat16).float(), walked[name])
-    null = dtype_null_localisation(base, walked, "bfloat16", k=100, permutations=20)
+    null = dtype_null_localisation(base, walked, "bfloat16", k=100, permutations=1000)
     norm = null["by_category"]["norm"]
     assert norm["observed"] >= 90  # the top 100 |Δ| are still the norm weights' ulps (2^-9 .. 2^-5 ≫ 1e-4)
     assert norm["null_mean"] >= 90 and 0.9 < norm["enrichment"] < 1.1  # spacing explains it (before the rule: 7)
@@ -218,3 +223,93 @@ def test_zero_and_off_binade_bases_are_held_out_of_the_dtype_null():
     assert sum(null["held_out"]["in_observed_top_k"].values()) == 0
     steps = step_counts(base, walked, "bfloat16")["by_category"]["mlp"]
     assert steps["num_held_out"] > 0 and steps["mean_steps"] < 100  # the held-out coordinates' ~1e36 left out
+
+
+# -- the calibrated (within-spacing) null, issue 40 ------------------------------------------------------------
+
+SCALES = {NORM: None, "model.layers.0.self_attn.q_proj.weight": 0.05, "model.layers.0.mlp.up_proj.weight": 0.01,
+          "model.embed_tokens.weight": 0.02}
+"""Categories of different weight scales (as in real models: attention, MLP and embeddings differ): step counts
+Δ / ulp(θ0) then differ by category for an isotropic Δ, which the old null mistook for effects."""
+
+
+def _scaled_base(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, shape in SHAPES.items():
+        x = torch.exp2(torch.rand(shape, generator=g) * 4 - 2) if SCALES[name] is None else torch.randn(shape, generator=g) * SCALES[name]
+        out[name] = x.to(torch.bfloat16).to(torch.float32)
+    return out
+
+
+def _bf16_walk(base, updates=12, sigma=3e-4, seed=1, boost=None):
+    """Seeded random-fitness updates applied in place in bfloat16 (the reference arithmetic): every update is
+    an isotropic Gaussian (an ES step from N(0, 1) fitness), added to the bf16 weights and rounded to bf16.
+    ``boost``: {name: factor} scales one tensor's updates (a planted effect)."""
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, x in base.items():
+        x = x.to(torch.bfloat16)
+        for _ in range(updates):
+            step = torch.randn(x.shape, generator=g) * sigma * (boost or {}).get(name, 1.0)
+            x = (x.float() + step).to(torch.bfloat16)
+        out[name] = x.float()
+    return out
+
+
+def _no_effect(rec, alpha=0.01):
+    return {c: r for c, r in rec["by_category"].items() if min(r["p_enriched"], r["p_depleted"]) <= alpha}
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_dtype_null_reports_no_effect_on_exact_float32_walks(seed):
+    base = _scaled_base()
+    walked = _gauss_walk(base, seed=seed)
+    rec = dtype_null_localisation(base, walked, "float32", k=100, permutations=2000, seed=seed)
+    assert rec["null"] == "within-spacing" and rec["permutations"] == 2000
+    assert not _no_effect(rec), _no_effect(rec)
+    for r in rec["by_category"].values():
+        assert r["null_interval"][0] <= r["observed"] <= r["null_interval"][1]
+        assert r["null_mean"] == pytest.approx(r["expected"], abs=0.5)  # the permutations' mean is the exact mean
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_the_dtype_null_reports_no_effect_on_seeded_random_fitness_bf16_walks(seed):
+    base = _scaled_base()
+    walked = _bf16_walk(base, seed=seed)
+    assert sum(int((walked[n] != base[n]).sum()) for n in base) > 100_000  # the walk moved
+    rec = dtype_null_localisation(base, walked, "bfloat16", k=100, permutations=2000, seed=seed)
+    assert not _no_effect(rec), _no_effect(rec)
+    assert sum(r["observed"] for r in rec["by_category"].values()) == pytest.approx(100)  # ties split, summing to k
+
+
+def test_the_dtype_null_detects_larger_steps_within_a_spacing():
+    # planted: the attention coordinates' updates are 1.5x the others'; float32 and bf16 alike
+    base = _scaled_base()
+    attention = "model.layers.0.self_attn.q_proj.weight"
+    walked = {n: x + torch.randn(x.shape, generator=torch.Generator().manual_seed(9)) * (1.5e-3 if n == attention else 1e-3)
+              for n, x in base.items()}
+    rec = dtype_null_localisation(base, walked, "float32", k=100, permutations=2000)["by_category"]["attention"]
+    assert rec["p_enriched"] < 0.01 and rec["enrichment"] > 1.2
+    base = _base()  # one scale for every matrix: a category with the largest weights has spacing groups of its own,
+    base[NORM] = (torch.randn(SHAPES[NORM], generator=torch.Generator().manual_seed(3)) * 0.02).to(torch.bfloat16).float()
+    walked = _bf16_walk(base, boost={attention: 1.5})  # where no null can tell its steps from its spacing
+    rec = dtype_null_localisation(base, walked, "bfloat16", k=100, permutations=2000)["by_category"]["attention"]
+    assert rec["p_enriched"] < 0.01 and rec["enrichment"] > 1.2
+
+
+def test_the_dtype_null_refuses_fewer_than_1000_permutations():
+    base = _scaled_base()
+    with pytest.raises(ValueError, match=">= 1000"):
+        dtype_null_localisation(base, _gauss_walk(base), "float32", permutations=20)
+
+
+def test_a_tied_top_k_is_counted_as_the_even_split_of_the_tie():
+    # 1,000 norm and 99,000 MLP coordinates all moved by the same |Δ|: a top 10 over that tie holds 0.1 norm
+    # coordinates (its even split), not 1,000 nor a tie-break's 10
+    base = {NORM: torch.full((1000,), 0.75), "model.layers.0.mlp.up_proj.weight": torch.full((99_000,), 0.75)}
+    trained = {n: x + 2 ** -9 for n, x in base.items()}
+    rec = dtype_null_localisation(base, trained, "bfloat16", k=10, permutations=1000)
+    assert rec["at_least_kth"]["size"] == 100_000 and rec["observed"]["norm"] == pytest.approx(0.1)
+    norm = rec["by_category"]["norm"]
+    assert norm["expected"] == pytest.approx(0.1) and norm["p_enriched"] == 1.0 and norm["p_depleted"] == 1.0

@@ -327,9 +327,10 @@ def test_value_tests_report_intervals_and_p_values(tmp_path):
 
 
 def test_a_value_test_reads_a_dtype_null_record_on_the_null_s_own_scale(tmp_path):
-    """analyze magnitude's dtype-matched null (Q3c): the estimate is observed / the null's mean and the null's
-    interval is divided by the same mean, so a count inside the null reads inconclusive, one below it reproduces
-    "<", and a null that puts nothing in the category gives no ratio (it used to raise: the record is a dict)."""
+    """analyze magnitude's dtype-matched null (Q3c): the estimate is observed / the null's expected count and the
+    null's interval is divided by the same number, so a count inside the null reads inconclusive and one below it
+    reproduces "<"; a record of the old null (step counts shuffled across spacings, no ``null`` field) is stale and
+    reads "not run"."""
     import torch
 
     from evolm.analysis.magnitude import dtype_null_localisation, ulp
@@ -338,24 +339,34 @@ def test_a_value_test_reads_a_dtype_null_record_on_the_null_s_own_scale(tmp_path
     norm, mat = "model.layers.0.input_layernorm.weight", "model.layers.0.mlp.up_proj.weight"
     base = {norm: (1 + 0.5 * torch.rand(2000, generator=g)).bfloat16().float(),
             mat: (0.02 * torch.randn(200, 100, generator=g)).bfloat16().float()}
-    def walk(moves):  # one +1-ulp step on every coordinate of the tensors in moves
-        return {n: (x + ulp(x, "bfloat16") * (n in moves)).bfloat16().float() for n, x in base.items()}
+    def walk(steps, start=base):  # steps[n] +1-ulp steps on every coordinate of tensor n
+        out = {}
+        for n, x in start.items():
+            for _ in range(steps.get(n, 0)):
+                x = (x + ulp(x, "bfloat16")).bfloat16().float()
+            out[n] = x
+        return out
     d = tmp_path / "data" / "analyses" / "m"
     d.mkdir(parents=True)
-    for name, moves in (("all", {norm, mat}), ("matrices", {mat})):
-        rec = dtype_null_localisation(base, walk(moves), "bfloat16", k=100, permutations=20)
+    # all: every coordinate one step (the norm weights' large ulp puts all 100 there, observed and null alike);
+    # fewer: norm weights on the matrices' scale (the same spacings) that took 1 step where the matrices took 4
+    small = dict(base, **{norm: (0.02 * torch.randn(2000, generator=g)).bfloat16().float()})
+    for name, start, steps in (("all", base, {norm: 1, mat: 1}), ("fewer", small, {norm: 1, mat: 4})):
+        rec = dtype_null_localisation(start, walk(steps, start), "bfloat16", k=100, permutations=1000)
         (d / f"{name}.json").write_text(json.dumps({"models": {"es": {"dtype_null": rec}}}))
+    old = json.loads((d / "all.json").read_text())
+    del old["models"]["es"]["dtype_null"]["null"]
+    for r in old["models"]["es"]["dtype_null"]["by_category"].values():
+        del r["null"], r["permutations"]
+    (d / "old.json").write_text(json.dumps(old))
     res = outcome(tmp_path, value("A", "analyses/m/all.json", "models.es.dtype_null.by_category.norm", expect="<")
-                  + value("B", "analyses/m/matrices.json", "models.es.dtype_null.by_category.norm", expect="<")
-                  + value("C", "analyses/m/matrices.json", "models.es.dtype_null.by_category.mlp", expect=">"))
-    same, none_moved, mlp = (r.tests[0] for r in res)
-    # every coordinate one step: the norm weights' large ulp puts all 100 there, observed and null alike
+                  + value("B", "analyses/m/fewer.json", "models.es.dtype_null.by_category.norm", expect="<")
+                  + value("C", "analyses/m/old.json", "models.es.dtype_null.by_category.norm", expect="<"))
+    same, fewer, stale = (r.tests[0] for r in res)
     assert same.estimate == pytest.approx(1.0) and same.null == pytest.approx([1.0, 1.0]) and same.verdict == INCONCLUSIVE
-    # the norm weights never moved: 0 observed where a shuffle of the step counts puts most of the top there
-    assert none_moved.estimate == 0 and none_moved.null[0] > 0 and none_moved.verdict == REPRODUCED
-    assert "under the dtype-matched null" in study.describe(none_moved) and "null 95%" in study.describe(none_moved)
-    # ... and the MLP holds all 100 observed where the null puts none: no ratio to read
-    assert mlp.estimate is None and mlp.verdict == INCONCLUSIVE and "no ratio" in mlp.detail
+    assert fewer.estimate == 0 and fewer.null[0] > 0 and fewer.verdict == REPRODUCED
+    assert "under the dtype-matched null" in study.describe(fewer) and "null 95%" in study.describe(fewer)
+    assert stale.verdict == NOT_RUN and "stale" in stale.detail
 
 
 def test_per_problem_list_values_get_a_bootstrap_interval(tmp_path):
@@ -801,7 +812,7 @@ def test_margins_are_declared_per_test(tmp_path):
     r = outcome(tmp_path, relative)[0].tests[0]
     assert r.margin == pytest.approx(0.2) and r.verdict == REPRODUCED  # fell 0.05, less than half of GRPO's 0.4
     assert "0.5 × |grpo entropy change -0.400| = 0.200" in study.describe(r)
-    assert outcome(tmp_path, change("es", "entropy", "not_down", margin=0.01))[0].tests[0].verdict == CONTRADICTED
+    assert outcome(tmp_path, change("es", "entropy", "not_down", margin=0.02))[0].tests[0].verdict == CONTRADICTED
     level = relative.replace('run = "grpo"', 'file = "grpo/eval_before.json"').replace("fraction = 0.5", "fraction = 0.05")
     assert outcome(tmp_path, level)[0].tests[0].margin == pytest.approx(0.025)  # 5% of the base's entropy level
     missing = relative.replace('run = "grpo"', 'run = "nowhere"')

@@ -23,7 +23,7 @@
 #   HORIZON=120 bash experiments/refnum/run.sh smollm2   # every run to update 120 (held-out table, analyses); run again
 #                                              # without HORIZON to extend them to the configs' 240 (analyses at 120 kept
 #                                              # in analyses/NAME-at-120)
-#   ITERATIONS=1 POPULATION=4 PERMUTATIONS=2 OUT=runs/refnum-smoke bash experiments/refnum/run.sh smollm2   # a smoke of the plumbing
+#   ITERATIONS=1 POPULATION=4 PERMUTATIONS=1000 OUT=runs/refnum-smoke bash experiments/refnum/run.sh smollm2   # a smoke of the plumbing
 #
 # Cost, one thread, estimated from 1-2 update smokes (N = 4) on the shared 2-core machine: ~25 CPU-hours
 # in all (20-35): per SmolLM2 member 2.1-2.7 s of float32 and 1.7-3 s of bf16 generation, so the three
@@ -109,7 +109,7 @@ analyse() {  # analyse DIR LABEL=RUN: drift, localisation, magnitude and sparsit
   [ -f "$dir/drift.json" ] || "$PY" -m evolm analyze drift "${args[@]}" --out "$dir"
   [ -f "$dir/localisation.json" ] || "$PY" -m evolm analyze localisation "${args[@]}" --k 100 --k 144 --out "$dir"
   # MAGNITUDE=0 skips analyze magnitude (its dtype null holds ~50 bytes per coordinate: 13 GB for Gemma-3-270M)
-  [ -f "$dir/magnitude.json" ] || [ "${MAGNITUDE:-1}" = 0 ] || "$PY" -m evolm analyze magnitude "${args[@]}" --k 100 --permutations "${PERMUTATIONS:-20}" --out "$dir"
+  [ -f "$dir/magnitude.json" ] || [ "${MAGNITUDE:-1}" = 0 ] || "$PY" -m evolm analyze magnitude "${args[@]}" --k 100 --permutations "${PERMUTATIONS:-10000}" --out "$dir"
   # τ = m x the single-update RMS lr / sqrt(N) = 5e-4 / sqrt(30) (the paper's "a threshold within the magnitude range
   # of a single ES update"); counts only (--no-eval): the random-walk prediction is erf(m / sqrt(2T))
   [ -f "$dir/sparsity.json" ] || "$PY" -m evolm analyze sparsity "${args[@]}" --no-eval --tau-scale 9.128709291752768e-05 \

@@ -41,7 +41,7 @@ Design decisions:
 from __future__ import annotations
 
 from evolm.analysis import plots
-from evolm.analysis.enrichment import format_p, top_k_enrichment
+from evolm.analysis.enrichment import count_enrichment, format_p, top_k_enrichment
 from evolm.analysis.weights import check_compatible
 from evolm.categories import CATEGORIES, param_category, param_subcategory
 from evolm.document import Canvas, Section, Table
@@ -86,7 +86,41 @@ def top_k_localisations(base: dict, trained: dict, ks, scope=None) -> dict:
     for loc in out.values():
         loc["at_least_kth"] = sets[loc["kth_abs_delta"]] if loc["num_selected"] else {}
         loc["tied"] = bool(loc["at_least_kth"]) and loc["at_least_kth"]["num_coordinates"] > loc["num_selected"]
+        loc["tie_split"] = tie_split(loc)
     return out
+
+
+def tie_split(loc: dict) -> dict:
+    """A top-k record's counts per category with the tie at the k-th value split evenly (issue 40): the
+    coordinates above the k-th |Δ| plus ``(k − above) / tied`` of each tied one, the expected counts of a
+    uniformly random tie-break. A tie-broken top k says where the alphabetically first tensors are, and the tied
+    set (``at_least_kth``) is not a top k: 33,352 coordinates tied at SmolLM2's 100th value put 2.98x "norm" in
+    the set where, split evenly, the top 100 hold 0.03 norm coordinates against 0.026 expected. Computed from the
+    record alone (its ``coordinates``, ``kth_abs_delta`` and ``at_least_kth``), so records written before this
+    field existed give the same numbers (``report --study`` reads ``tie_split`` that way).
+
+    Returns ``k``, ``tied`` (coordinates at the k-th value), ``tie_share`` (the share of each tied coordinate
+    counted) and ``by_category``: ``count_enrichment`` of the count rounded to whole coordinates (``rounded``; its
+    exact interval and p-values), with ``observed`` the split count and ``enrichment`` = observed / expected."""
+    k, kth = loc["num_selected"], loc["kth_abs_delta"]
+    shares = {c: e["parameter_share"] for c, e in ((loc.get("enrichment") or {}).get("by_category") or {}).items()}
+    above = {c: 0 for c in shares}
+    for x in loc.get("coordinates", []):
+        if abs(x["delta"]) > kth:
+            above[x["category"]] = above.get(x["category"], 0) + 1
+    at_least = (loc.get("at_least_kth") or {}).get("by_category") or {}
+    tied = {c: at_least.get(c, 0) - above.get(c, 0) for c in shares} if loc.get("tied") else {c: 0 for c in shares}
+    n_tied = sum(tied.values())
+    share = (k - sum(above.values())) / n_tied if n_tied else 1.0
+    counts = {c: above[c] + share * tied[c] for c in shares} if n_tied else {c: loc["by_category"].get(c, 0) for c in shares}
+    by_category = {}
+    for c, s in shares.items():
+        rec = count_enrichment(int(round(counts[c])), k, s) if k else {}
+        if rec:
+            rec.update(observed=counts[c], rounded=int(round(counts[c])),
+                       enrichment=counts[c] / rec["expected"] if rec["expected"] > 0 else None)
+        by_category[c] = rec
+    return {"k": k, "tied": n_tied, "tie_share": share, "by_category": by_category}
 
 
 def _at_least(base: dict, trained: dict, thresholds: list[float], population: dict) -> dict:

@@ -12,20 +12,28 @@ views that can:
   below-τ fractions on ``r = |Δ| / |θ0|``. In a dtype of p mantissa bits one ulp is between 2^-p and
   2^(1-p) of |θ| for every weight, so a walk in ulp steps is (up to that factor of 2) exchangeable in r.
   Coordinates with θ0 = 0 have no relative change and are left out (counted as ``num_zero_base``).
-- **The dtype-matched null** (``dtype_null_localisation``): each coordinate's update is measured in
-  steps of its dtype spacing, ``s_i = Δ_i / ulp(θ0_i)`` (exactly the number of representable values
-  crossed while the walk stays in θ0's binade), and the null shuffles the step counts over the
-  coordinates in scope: ``Δ*_i = s_π(i) · ulp(θ0_i)``, i.e. a random walk of the same number of steps
-  in every coordinate's own spacing. Per category the top-k count of |Δ| is compared with its
-  distribution over ``permutations`` shuffles: null mean and 95% range, enrichment = observed / null
-  mean, and empirical one-sided p-values ``(1 + #{null ≥ obs}) / (R + 1)`` (and ≤ for depletion).
+- **The dtype-matched null** (``dtype_null_localisation``), calibrated (issue 40): each coordinate's |Δ| is
+  permuted only among the coordinates of equal spacing, ulp(θ0) (in a dtype whose spacing is a power of two,
+  the same exponent). Step counts ``s_i = Δ_i / ulp(θ0_i)`` depend on the spacing by construction (a float32
+  walk of equal |Δ| everywhere takes 2^7 more steps on a weight near 0.01 than on one near 1), so a null that
+  shuffles them across spacings reports "effects" where there can be none: the earlier null (step counts
+  shuffled over every coordinate, 20 shuffles) gave attention 0.42-0.46x and MLP 1.28-1.41x at p = 0.048 on
+  exact float32 walks, and on Gemma put every shuffle's top 100 in the norm weights. Within one spacing group
+  the question is the right one: do a category's coordinates take larger steps than the other coordinates of
+  the same spacing? Such a permutation keeps each group's multiset of |Δ|, so the k-th value and each group's
+  number of coordinates above it and tied at it are fixed; the permutations are drawn exactly as multivariate
+  hypergeometric draws of categories per group (no tensor is permuted: 10,000 permutations cost seconds), and
+  the exact null mean (``expected``) is computed beside them. Per category: the tie-split observed count,
+  the expected count, the permutations' mean and 95% range, enrichment = observed / expected, and one-sided
+  p-values ``(1 + #{null ≥ obs}) / (R + 1)`` (and ≤ for depletion), with R ≥ 1,000 permutations
+  (``MIN_PERMUTATIONS``; default 10,000; fewer are refused: 20 put the floor of p at 0.048).
   Counts are tie-aware (``_top_k_cut``): in bf16 the k-th largest |Δ| is shared by up to tens of
-  thousands of coordinates, in the observed update and in every shuffle, so ties at the k-th value
-  are split evenly (the expected counts of a random tie-break) on both sides of the comparison.
-  A category that holds the top k because its weights are large *and* the steps are exchangeable is
-  at enrichment ≈ 1 against this null; one where ES takes more steps is above it. When the null itself
-  puts (nearly) the whole top k in one category (its interval reaches k), the count cannot tell ES
-  from spacing there: read the step counts and the relative view instead.
+  thousands of coordinates, so ties at the k-th value are split evenly (the expected counts of a random
+  tie-break) on both sides of the comparison, never counted as the tied set's size.
+  A category that holds the top k because its weights are large (a spacing group of its own) is at
+  enrichment 1 with p = 1 both ways: the count cannot tell ES from spacing there. Planted checks
+  (``tests/test_magnitude.py``): no effect on exact float32 walks nor on seeded bf16 walks of the same
+  arithmetic; an effect where one category's steps are larger within its spacing.
   Only a walk that stayed near θ0 has a step count: a coordinate whose θ0 is 0, or whose θ left
   ``[θ0/2, 2·θ0]`` (crossed zero, or moved by more than |θ0|), walked through spacings other than ulp(θ0),
   and its Δ / ulp(θ0) means nothing (a zero's spacing is 2^-133 in bf16, 2^-149 in float32: a 1e-4 move is
@@ -47,17 +55,15 @@ Design decisions:
 - ``ulp(x)`` is ``2^(e − p)`` for ``|x|`` in ``[2^e, 2^(e+1))`` with p the dtype's mantissa bits
   (bfloat16 7, float16 10, float32 23), and the smallest subnormal spacing below the normal range, so
   it is defined for every finite θ0, zero included.
-- The shuffle is over every coordinate in scope (unchanged ones carry 0 steps), with a seeded torch
+- The permutation is over every coordinate in scope (unchanged ones carry |Δ| = 0), with a seeded numpy
   generator: results are reproducible and the null's population is the one the exchangeable null uses.
 - Steps are float64 (``_steps``): a float32 zero's spacing is 2^-149, so Δ / spacing overflows float32
   for |Δ| > 4.8e-7; spacings are powers of two, so every result that was finite in float32 is unchanged.
   Within a factor of 2 of θ0 the difference θ − θ0 is exact (Sterbenz), so a held-in step count is exact.
 - Memory: the coordinates in scope are flattened once per trained model (θ0, θ, category ids); the null
-  keeps the held-in coordinates' steps (float64), spacing (float32) and categories compacted, the held-out
-  ones' |Δ|, then one permutation (int64) and its shuffled |Δ*| (float64) at a time: about 50 bytes per
-  coordinate at the peak besides the loaded weights, by count (~6.5 GB for SmolLM2-135M). Measured peak
-  resident (/usr/bin/time, everything loaded, with the held-out rule): 7.6 GB for a SmolLM2-135M run,
-  14.5-14.6 GB for a Gemma-3-270M run.
+  keeps the held-in coordinates' |Δ| (float64), spacing (float32) and categories compacted, the held-out
+  ones' |Δ|, and one group index (int64): about 30 bytes per coordinate besides the loaded weights. (The
+  earlier null, which permuted tensors, measured 7.6 GB resident for a SmolLM2-135M run, 14.5 GB for Gemma.)
 - Planted checks (``tests/test_magnitude.py``): a pure ±1-ulp walk in bfloat16 puts the top k in the
   norm weights in absolute |Δ| and nowhere special relatively or against the dtype-matched null; the
   same-length float32 Gaussian walk has no absolute enrichment; a bf16 walk whose norm coordinates take
@@ -229,51 +235,94 @@ def step_counts(base: dict, trained: dict, dtype: str, scope=None, coords=None) 
     return {"dtype": dtype, "by_category": out}
 
 
-def dtype_null_localisation(base: dict, trained: dict, dtype: str, k: int = 100, scope=None,
-                            permutations: int = 20, seed: int = 0, coords=None) -> dict:
-    """Top-k |Δ| counts per category against the dtype-matched null (step counts shuffled; module docstring).
+MIN_PERMUTATIONS = 1000
+"""The fewest permutations ``dtype_null_localisation`` takes: with R of them the smallest p it can report is
+1 / (R + 1), and 20 put that floor at 0.048 (issue 40)."""
+DEFAULT_PERMUTATIONS = 10_000
+"""``analyze magnitude``'s default number of permutations (the p floor 1e-4)."""
+NULL_KIND = "within-spacing"
+"""The ``null`` field of a dtype-null record computed by ``dtype_null_localisation`` (permutations within coordinates
+of equal spacing). A record without it came from the old null that shuffled step counts across spacings."""
 
-    Returns ``k``, ``dtype``, ``permutations``, ``observed`` (counts), ``held_out`` (coordinates kept at
-    their observed Δ in every shuffle: ``num``, ``by_category``, and ``in_observed_top_k``, their tie-split
-    share of the observed top k) and ``by_category``: per category ``observed``, ``null_mean``,
-    ``null_interval`` (2.5% and 97.5% of the shuffles), ``enrichment`` (observed / null mean; None when the
-    null mean is 0), ``p_enriched`` and ``p_depleted``."""
+
+def dtype_null_localisation(base: dict, trained: dict, dtype: str, k: int = 100, scope=None,
+                            permutations: int = DEFAULT_PERMUTATIONS, seed: int = 0, coords=None) -> dict:
+    """Top-k |Δ| counts per category against the within-spacing null (module docstring): each coordinate's |Δ|
+    permuted only among the coordinates of the same ``dtype`` spacing ulp(θ0).
+
+    Such a permutation keeps each spacing group's multiset of |Δ|, hence the k-th value and how many of each
+    group's coordinates are above it (``a_g``) or tied at it (``t_g``); it only chooses *which* coordinates of the
+    group get them. So a permutation's count per category is drawn exactly, without permuting anything: per group,
+    a multivariate hypergeometric draw of ``a_g + t_g`` coordinates from the group's categories, of which ``a_g``
+    (a second draw) are above the k-th value and the rest share its tie evenly. ``expected`` is the exact null
+    mean, ``sum_g (a_g + share · t_g) · n_gc / n_g`` (held-out coordinates added as observed).
+
+    Returns ``k``, ``dtype``, ``null`` (``NULL_KIND``), ``permutations``, ``groups`` (spacing groups reaching the
+    top k), ``observed`` (tie-split counts), ``held_out`` (coordinates kept at their observed Δ: ``num``,
+    ``by_category``, ``in_observed_top_k``), ``at_least_kth`` and ``by_category``: per category ``observed``,
+    ``expected``, ``null_mean`` (over the permutations), ``null_interval`` (their 2.5% and 97.5%), ``enrichment``
+    (observed / expected; None when the null expects none), ``p_enriched`` and ``p_depleted``
+    (``(1 + #{null ≥ observed}) / (R + 1)``, and ≤), and ``null`` and ``permutations`` again (so that a record read
+    alone says which null made it)."""
+    import numpy as np
     import torch
 
-    if permutations < 1:
-        raise ValueError(f"permutations must be >= 1 (got {permutations})")
+    if permutations < MIN_PERMUTATIONS:
+        raise ValueError(f"permutations must be >= {MIN_PERMUTATIONS} (got {permutations}): with R permutations the "
+                         f"smallest p is 1 / (R + 1)")
     b, t, cat_ids = coords or _coordinates(base, trained, scope)
     keep = _held_in(b, t)
-    spacing = ulp(b[keep], dtype)  # float32: powers of two
-    steps = (t[keep] - b[keep]).double() / spacing.double()  # exact: θ within a factor of 2 of θ0 (Sterbenz)
+    spacing = ulp(b[keep], dtype)  # float32 powers of two: equal spacing = equal exponent
+    score = (t[keep] - b[keep]).double().abs()  # exact: θ within a factor of 2 of θ0 (Sterbenz)
     ids = cat_ids[keep]
     held = ((t[~keep] - b[~keep]).double().abs(), cat_ids[~keep])
-    cut = _top_k_cut((steps * spacing).abs(), ids, k, held)
+    cut = _top_k_cut(score, ids, k, held)
     observed = cut["counts"]
-    gen = torch.Generator().manual_seed(int(seed))
-    null = {c: [] for c in CATEGORIES}
-    for _ in range(permutations):
-        shuffled = steps[torch.randperm(steps.numel(), generator=gen)]
-        shuffled.mul_(spacing).abs_()
-        counts = _top_k_counts(shuffled, ids, k, held)
-        del shuffled
-        for c in CATEGORIES:
-            null[c].append(counts[c])
+    n = len(CATEGORIES)
+    fixed = np.array([cut["held_counts"][c] for c in CATEGORIES], dtype=float)
+    groups = []
+    if cut["k"]:
+        kth = cut["kth"]
+        above_all = cut["size"] - cut["tied"]
+        share = (cut["k"] - above_all) / cut["tied"] if cut["size"] > cut["k"] else 1.0
+        _, group = torch.unique(spacing, return_inverse=True)
+        ng = int(group.max()) + 1 if group.numel() else 0
+        key = group.long() * n + ids.long()
+        composition = torch.bincount(key, minlength=ng * n).reshape(ng, n).numpy().astype(np.int64)
+        above = torch.bincount(group[score > kth], minlength=ng).numpy()
+        tied = torch.bincount(group[score == kth], minlength=ng).numpy()
+        groups = [(composition[g], int(above[g]), int(tied[g])) for g in range(ng) if above[g] or tied[g]]
+    rng = np.random.default_rng(int(seed))
+    draws = np.tile(fixed, (permutations, 1))
+    expected = fixed.copy()
+    for colors, a, tg in groups:
+        expected += (a + share * tg) * colors / colors.sum()
+        x = rng.multivariate_hypergeometric(colors, a + tg, size=permutations).astype(float)
+        if tg == 0 or share == 1.0:
+            draws += x
+        elif a == 0:
+            draws += share * x
+        else:  # which a of the a + t drawn are above the k-th value: a second draw from what the first drew
+            y = np.stack([rng.multivariate_hypergeometric(row.astype(np.int64), a) for row in x])
+            draws += y + share * (x - y)
     present = {CATEGORIES[i] for i in torch.unique(cat_ids).tolist()}
     by_category = {}
-    for c in CATEGORIES:
+    for i, c in enumerate(CATEGORIES):
         if c not in present:
             continue
-        values = sorted(null[c])
-        mean = sum(values) / len(values)
-        obs = observed[c]
-        by_category[c] = {"observed": obs, "null_mean": mean,
-                          "null_interval": [values[int(0.025 * (len(values) - 1))], values[int(round(0.975 * (len(values) - 1)))]],
-                          "enrichment": obs / mean if mean > 0 else None,
-                          "p_enriched": (1 + sum(v >= obs for v in values)) / (len(values) + 1),
-                          "p_depleted": (1 + sum(v <= obs for v in values)) / (len(values) + 1)}
-    held_ids = torch.bincount(held[1].long(), minlength=len(CATEGORIES)).tolist()
-    return {"k": k, "dtype": dtype, "permutations": permutations, "observed": observed,
+        values = np.sort(draws[:, i])
+        obs, exp = observed[c], float(expected[i])
+        tol = 1e-9 * max(1.0, abs(obs))
+        by_category[c] = {"observed": obs, "expected": exp, "null_mean": float(values.mean()),
+                          "null_interval": [float(values[int(0.025 * (len(values) - 1))]),
+                                            float(values[int(round(0.975 * (len(values) - 1)))])],
+                          "enrichment": obs / exp if exp > 0 else None,
+                          "p_enriched": float((1 + (values >= obs - tol).sum()) / (len(values) + 1)),
+                          "p_depleted": float((1 + (values <= obs + tol).sum()) / (len(values) + 1)),
+                          "null": NULL_KIND, "permutations": permutations}
+    held_ids = torch.bincount(held[1].long(), minlength=n).tolist()
+    return {"k": k, "dtype": dtype, "null": NULL_KIND, "permutations": permutations, "groups": len(groups),
+            "observed": observed,
             "held_out": {"rule": "theta0 = 0, or theta outside [theta0/2, 2 theta0]: kept at the observed delta",
                          "num": int(held[0].numel()), "by_category": dict(zip(CATEGORIES, held_ids)),
                          "in_observed_top_k": cut["held_counts"]},
@@ -304,7 +353,8 @@ DEFAULT_RELATIVE_TAUS = (1e-4, 1e-3, 1e-2, 1e-1)
 """Relative thresholds of ``relative_sparsity`` (one bf16 ulp is 2^-8 .. 2^-7 ≈ 0.004 .. 0.008 of |θ|)."""
 
 
-def magnitude_analysis(base: dict, trained: dict, dtype: str, k: int = 100, scope=None, permutations: int = 20,
+def magnitude_analysis(base: dict, trained: dict, dtype: str, k: int = 100, scope=None,
+                       permutations: int = DEFAULT_PERMUTATIONS,
                        seed: int = 0, taus=DEFAULT_RELATIVE_TAUS) -> dict:
     """Absolute top-k enrichment (the exchangeable null), relative top-k, the dtype-matched null, step
     counts and relative sparsity of one trained model against its base, in one dict."""

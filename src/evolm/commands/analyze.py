@@ -266,8 +266,11 @@ def _run_dtype(spec: str) -> str:
 
 
 def _cmd_magnitude(args) -> int:
-    from evolm.analysis.magnitude import magnitude_analysis
+    from evolm.analysis.magnitude import MIN_PERMUTATIONS, magnitude_analysis
 
+    if args.permutations < MIN_PERMUTATIONS:
+        raise UserError(f"--permutations must be >= {MIN_PERMUTATIONS} (got {args.permutations}): with R permutations "
+                        "the smallest p the null can give is 1 / (R + 1)")
     loaded = _load_models(args)
     result = _header("magnitude", loaded)
     result.update({"k": args.k, "permutations": args.permutations, "models": {}})
@@ -732,13 +735,14 @@ def register(subparsers) -> None:
     k = kinds.add_parser("magnitude", help="top-k |Δ| by category in absolute and relative terms and against a dtype-matched null",
                          description="Tells a localisation driven by weight magnitude x dtype spacing from one driven by "
                                      "training: the top-k |Δ| per category against the exchangeable null, the top-k "
-                                     "|Δ|/|θ0|, and the top-k |Δ| against a null that shuffles each coordinate's step count "
-                                     "in its dtype spacing (evolm.analysis.magnitude); plus step counts and relative sparsity.")
+                                     "|Δ|/|θ0|, and the top-k |Δ| against a null that permutes |Δ| only among coordinates "
+                                     "of equal dtype spacing (evolm.analysis.magnitude); plus step counts and relative sparsity.")
     _add_models(k)
     k.add_argument("--k", type=int, default=100, help="how many coordinates (default: 100)")
     k.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default=None,
                    help="the spacing steps are counted in (default: model.dtype of an es.arithmetic='reference' run, else float32)")
-    k.add_argument("--permutations", type=int, default=20, help="shuffles of the dtype-matched null (default: 20)")
+    k.add_argument("--permutations", type=int, default=10_000,
+                   help="permutations of the within-spacing null, >= 1000 (default: 10000)")
     k.add_argument("--seed", type=int, default=0, help="seed of the shuffles (default: 0)")
     k.set_defaults(func=_cmd_magnitude, kind="magnitude")
 

@@ -12,6 +12,7 @@ entries naming the committed files that decide it. The package has one module pe
   counted tests say (``claim_verdict``).
 - ``measure``: reading a test's files, pairing them problem by problem, premises and the claims' verdicts
   (``evaluate_study``).
+- ``testability``: which tests cannot pass or cannot fail by their definition (refused, or marked "untestable").
 - ``words``: one line per test, the verdict table's short cells.
 - ``page`` and ``figures``: ``docs/REPRODUCTION.md`` (``build_study``) and its small-multiple pass@k figures.
 
@@ -71,6 +72,12 @@ Verdicts (``verdicts``):
   contradicted (``"not_contradicted"``), at 95%. Gated tests keep their numbers on the page, with what their
   interval said.
 - "not run" when the claim or test sets ``not_run`` or an input file is missing.
+- "untestable" (``testability``): a test whose outcome its definition fixes (a fraction-below threshold no noise walk
+  reaches, an expected top-k count below one, a margin below one problem's share) is refused when the study loads,
+  unless it declares ``untestable = "why it is kept"``: then it is shown with its number, not counted, and keeps its
+  claim from "reproduced"; a claim whose every test is untestable reads "untestable". A top-k count is read with the
+  tie at the k-th value split evenly (``tie_split``), never as the tied set's size; a dtype-null record from the old
+  null (step counts shuffled across spacings) is stale and reads "not run".
 - A claim's verdict (``claim_verdict``) counts its tests except the ``context`` ones and the gated ones. It is
   reproduced when every counted test is reproduced at 95% (an intersection-union test), contradicted when some
   counted test is contradicted at the claim's family-wise level 1 − 0.05 / m (Bonferroni over its m counted tests:
@@ -100,9 +107,10 @@ from evolm.report.study.stats import (BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, FAMIL
                                       bootstrap_curve, bootstrap_interval, contrast_interval, count_interval,
                                       exact_proportion_interval, family_level, null_interval, paired_binary_interval,
                                       pooled_problems, problem_values, stratified_interval)
+from evolm.report.study.testability import fixed_by_data, fixed_by_definition, noise_walk_bound, noise_walk_fraction
 from evolm.report.study.verdicts import (CONTRADICTED, GATED, INCONCLUSIVE, MARGIN_EXPECTS, NOT_RUN, PREMISE_ABSENT,
-                                         REPRODUCED, TRAINING_FAILED, VERDICTS, claim_verdict, interval_verdict,
-                                         value_verdict)
+                                         REPRODUCED, TRAINING_FAILED, UNTESTABLE, VERDICTS, claim_verdict,
+                                         interval_verdict, value_verdict)
 from evolm.report.study.words import describe, describe_premise, family_note, key_number, why
 
 __all__ = [
@@ -115,6 +123,7 @@ __all__ = [
     "bootstrap_interval", "contrast_interval", "count_interval", "exact_proportion_interval", "family_level",
     "null_interval", "paired_binary_interval", "pooled_problems", "problem_values", "stratified_interval",
     "CONTRADICTED", "GATED", "INCONCLUSIVE", "MARGIN_EXPECTS", "NOT_RUN", "PREMISE_ABSENT", "REPRODUCED",
-    "TRAINING_FAILED", "VERDICTS", "claim_verdict", "interval_verdict", "value_verdict",
+    "TRAINING_FAILED", "UNTESTABLE", "VERDICTS", "claim_verdict", "interval_verdict", "value_verdict",
     "describe", "describe_premise", "family_note", "key_number", "why",
+    "fixed_by_data", "fixed_by_definition", "noise_walk_bound", "noise_walk_fraction",
 ]

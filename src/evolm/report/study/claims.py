@@ -9,6 +9,7 @@ from pathlib import Path
 
 from evolm import config
 from evolm.errors import ConfigError
+from evolm.report.study.testability import check_declaration
 from evolm.report.study.verdicts import MARGIN_EXPECTS, PREMISE_ABSENT, TRAINING_FAILED
 
 EXPECTS = {"change": ("up", "down", "not_down"), "compare": ("a_greater", "b_greater", "equal", "b_not_less"),
@@ -17,16 +18,16 @@ EXPECTS = {"change": ("up", "down", "not_down"), "compare": ("a_greater", "b_gre
 REQUIRED = {"change": ("run", "metric", "expect"), "compare": ("a", "b", "metric", "expect"),
             "contrast": ("a", "b", "c", "d", "metric", "expect"), "value": ("file", "path", "expect", "threshold")}
 """The fields each kind of test needs."""
-COMMON = ("name", "not_run", "context", "requires")
+COMMON = ("name", "not_run", "context", "requires", "untestable")
 UNITS = ("problem", "seed")
 """What a test's interval resamples: problems (within each seed) or seeds (Student's t over per-seed means)."""
 """Fields every kind of test may set."""
 OPTIONAL = {"change": ("task", "margin", "margin_of", "seeds", "unit") + COMMON,
             "compare": ("a_base", "b_base", "task", "margin", "margin_of", "a_seeds", "b_seeds", "pairs", "unit") + COMMON,
-            "contrast": COMMON, "value": ("over", "minus", "unit") + COMMON}
+            "contrast": COMMON, "value": ("over", "minus", "unit", "noise_walk") + COMMON}
 """The fields each kind of test may set besides ``kind`` and its required ones."""
 KIND_FIELDS = ("run", "metric", "a", "b", "c", "d", "a_base", "b_base", "file", "path", "over", "minus", "threshold",
-               "task", "margin", "margin_of", "seeds", "a_seeds", "b_seeds", "pairs", "unit")
+               "task", "margin", "margin_of", "seeds", "a_seeds", "b_seeds", "pairs", "unit", "noise_walk")
 """The fields some kinds take and others refuse."""
 EXAMPLES = {"run": 'run = "c1c2-es"', "metric": 'metric = "pass@1"', "a": 'a = "c1c2-grpo/eval_after.json"',
             "b": 'b = "matched/es-at-grpo-sequences/eval.json"', "c": 'c = "c7-gemma/es.population=10/eval_after.json"',
@@ -46,6 +47,16 @@ class ValueRef:
     """The JSON file, relative to the data directory (e.g. ``analyses/c1c2/drift.json``)."""
     path: str = ""
     """Dotted key into it (e.g. ``models.grpo.relative_distance``; list items by index)."""
+
+
+@dataclass
+class NoiseWalk:
+    """The noise walk a fraction-below-τ test is read against (``noise_walk``; ``evolm.report.study.testability``)."""
+
+    tau_rms: float = 0.0
+    """τ in units of one update's RMS (e.g. 1.0: τ = one update's RMS)."""
+    updates: int = 0
+    """The number of updates behind the weights (the walk puts ``erf(tau_rms / sqrt(2 · updates))`` below τ)."""
 
 
 @dataclass
@@ -148,6 +159,14 @@ class ClaimTest:
     requires: list[str] = field(default_factory=list)
     """The ids of the claim's premises (``gates = "tests"``) this test needs; when one fails the test reads its
     failure ("premise absent") and is not counted."""
+    noise_walk: NoiseWalk | None = None
+    """value, reading a fraction of coordinates below τ (required there): ``{ tau_rms = 1.0, updates = 62 }``, the
+    noise walk it is read against (``testability``): a threshold no noise walk can reach is refused, and the
+    walk's prediction ``erf(tau_rms / sqrt(2 · updates))`` is shown beside the measured fraction."""
+    untestable: str = ""
+    """Why a test whose outcome its definition fixes (a threshold no noise walk reaches, an expected top-k count
+    below one, a margin below one problem's share: ``testability``) is kept: it reads "untestable", shown and not
+    counted. Empty: the test must be able to pass and to fail, and the loader refuses one that cannot."""
 
 
 @dataclass
@@ -325,6 +344,7 @@ def check_claims(claims: ClaimsFile, where: str) -> None:
         for j, t in enumerate(c.test):
             what = f"{name} test {j + 1}"
             check_test(t, what)
+            check_declaration(t, f"{what} '{t.name}'" if t.name else what)
             if t.name:
                 if t.name in names:
                     raise ConfigError(f"{what}: the name '{t.name}' is used twice in {c.id}; give each test its own")
@@ -357,8 +377,8 @@ def _check_premise(p: Premise, name: str, ids: set[str], top: bool) -> None:
                           "tests that require it (gates = \"claim\" or \"tests\")")
     if p.gates not in GATES:
         raise ConfigError(f"{name}: gates must be one of {', '.join(GATES)} (got '{p.gates}')")
-    if p.context or p.requires:
-        raise ConfigError(f"{name}: a premise takes neither context nor requires")
+    if p.context or p.requires or p.untestable:
+        raise ConfigError(f"{name}: a premise takes neither context, requires nor untestable")
 
 
 def load_claims(path: str | Path) -> ClaimsFile:

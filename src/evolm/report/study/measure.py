@@ -14,8 +14,9 @@ from evolm.report.study.claims import Claim, ClaimsFile, ClaimTest, Premise
 from evolm.report.study.stats import (BOOTSTRAP_RESAMPLES, FAMILY_RESAMPLES, LEVEL, bootstrap_interval, contrast_interval,
                                       count_interval, family_level, is_binary, null_interval, paired_binary_interval,
                                       problem_values, seed_interval, stratified_interval)
+from evolm.report.study.testability import mark, noise_walk_fraction
 from evolm.report.study.verdicts import (CONTRADICTED, GATED, INCONCLUSIVE, MARGIN_EXPECTS, NOT_RUN, REPRODUCED,
-                                         claim_verdict, interval_verdict, value_verdict)
+                                         UNTESTABLE, claim_verdict, interval_verdict, value_verdict)
 
 Reader = Callable[[Path], Any]
 """``read(path)`` parses one JSON file (the page's reader also records it)."""
@@ -79,6 +80,10 @@ class Outcome:
     """For a test a failed premise gated: the verdict its interval gave (not counted)."""
     gate: str = ""
     """The id of the premise whose failure gated this test (or dropped some of its seeds)."""
+    expected_count: float | None = None
+    """value, a top-k count: the count its null expects (k × the category's share, or the dtype null's mean)."""
+    untestable: str = ""
+    """Why the test's outcome is fixed by its definition (verdict ``untestable``; ``testability``)."""
     family_level: float | None = None
     """The claim's family-wise level (``family_level`` of its counted tests that ran); None for a test not counted,
     one that did not run, or a claim with one counted test."""
@@ -92,7 +97,7 @@ class Outcome:
     @property
     def counted(self) -> bool:
         """Whether the test counts in its claim's verdict (not context, not gated, run)."""
-        return not self.context and self.verdict not in GATED and self.verdict != NOT_RUN
+        return not self.context and self.verdict not in GATED and self.verdict not in (NOT_RUN, UNTESTABLE)
 
 
 @dataclass
@@ -190,7 +195,8 @@ def task_report(data: dict, file: Path, task: str = "") -> dict:
 
 def lookup(data: Any, path: str, where: str) -> Any:
     """The value at dotted ``path`` in ``data``; a key holding dots is matched whole (the longest key first),
-    a list item by its index. A missing key is a ``UserError`` naming ``where``, the key and what is there."""
+    a list item by its index; ``tie_split`` of a top-k record without one is computed from it
+    (``localisation.tie_split``). A missing key is a ``UserError`` naming ``where``, the key and what is there."""
     parts = path.split(".")
     node, i = data, 0
     while i < len(parts):
@@ -201,6 +207,11 @@ def lookup(data: Any, path: str, where: str) -> Any:
                 break
             if isinstance(node, list) and j == i + 1 and re.fullmatch(r"-?\d+", key) and -len(node) <= int(key) < len(node):
                 node, i = node[int(key)], j
+                break
+            if key == "tie_split" and isinstance(node, dict) and "coordinates" in node and "kth_abs_delta" in node:
+                from evolm.analysis.localisation import tie_split  # a top-k record written before tie_split existed
+
+                node, i = tie_split(node), j
                 break
         else:
             at = ".".join(parts[:i]) or "the top level"
@@ -626,12 +637,20 @@ def _dtype_null_value(result: Outcome, test: ClaimTest, node: dict) -> Outcome:
     own 95% interval (its shuffles' 2.5-97.5th percentiles, in counts) is put on the same scale, so the value must
     clear the threshold and lie outside the null to count either way. The shuffles' interval is empirical: it is
     not widened at the family-wise level."""
-    mean = node["null_mean"]
+    stale = node.get("null") != "within-spacing" or (node.get("permutations") or 0) < 1000
+    mean = node.get("expected", node["null_mean"])
+    result.expected_count = mean
+    if stale:  # written by the old null (step counts shuffled across spacings, 20 shuffles): not evidence
+        result.verdict = NOT_RUN
+        result.detail = ("stale: computed with the old dtype null (step counts shuffled across spacings; "
+                         "miscalibrated, issue 40); recompute with evolm analyze magnitude")
+        result.expected_count = None
+        return result
     if not mean:
         result.verdict = INCONCLUSIVE
         result.detail = f"{node.get('observed'):.3g} observed; the null puts none there, so there is no ratio"
         return result
-    result.estimate = node["enrichment"]
+    result.estimate = node["observed"] / mean
     result.null = [x / mean for x in node["null_interval"]]
     result.p = node.get("p_enriched" if test.expect == ">" else "p_depleted")
     result.detail = f"{node['observed']:.3g} observed, {mean:.3g} under the dtype-matched null"
@@ -661,9 +680,11 @@ def _value(claim: str, test: ClaimTest, label: str, files: list[Path], read: Rea
         result.estimate = node.get("enrichment")
         wider = at.level != node.get("confidence", LEVEL)
         if "enrichment_interval" in node:  # a top-k count against Binomial(k, share): its own exact interval
+            result.expected_count = node.get("expected")
             result.interval = count_interval(node, at.level) if wider else node.get("enrichment_interval")
             result.p = node.get("p_enriched" if test.expect == ">" else "p_depleted")
-            result.detail = f"{node.get('observed')} observed, {node.get('expected'):.3g} expected"
+            tie = " (ties split evenly)" if "rounded" in node else ""
+            result.detail = f"{node.get('observed'):.3g} observed{tie}, {node.get('expected'):.3g} expected"
         else:  # a share of ‖Δ‖² against the permutation null
             result.null = null_interval(node, at.level) if wider else node.get("null_enrichment_interval")
             result.p = node.get("p_two_sided")
@@ -688,6 +709,9 @@ def _value(claim: str, test: ClaimTest, label: str, files: list[Path], read: Rea
         return result
     result.estimate = value
     result.verdict = value_verdict(test.expect, value, test.threshold)
+    if test.noise_walk is not None:
+        w = test.noise_walk
+        result.detail = f"a noise walk of {w.updates} updates puts {noise_walk_fraction(w.tau_rms, w.updates):.3f} below τ"
     return result
 
 
@@ -737,6 +761,8 @@ def evaluate_claim(claim: Claim, data_dir: Path, read: Reader, run_gates: dict |
     gates = Gates(dict(run_gates or {}), {i: p for i, p in failed.items() if p.premise.gates == "tests"})
     claim_gate = next((p for p in premises if p.holds is False and p.premise.gates == "claim"), None)
     tests = [evaluate_test(claim, t, data_dir, read, gates=gates) for t in claim.test]
+    for j, (t, r) in enumerate(zip(claim.test, tests)):  # a test whose outcome is fixed: refused, or shown as such
+        mark(f"claim {claim.id} test {j + 1}" + (f" '{t.name}'" if t.name else ""), t, r, UNTESTABLE)
     if claim_gate is not None:
         for r in tests:
             if r.verdict != NOT_RUN and not r.context and r.verdict not in GATED:
@@ -751,14 +777,17 @@ def evaluate_claim(claim: Claim, data_dir: Path, read: Reader, run_gates: dict |
             r.family_interval = wide.interval if wide.null is None else wide.null
     ran = [r for r in tests if not r.context and r.verdict != NOT_RUN]
     gated = [r for r in ran if r.verdict in GATED]
+    pending = [r for r in tests if not r.context and r.verdict == NOT_RUN]
     if claim.not_run:
         verdict = NOT_RUN
     elif claim_gate is not None:
         verdict = claim_gate.premise.failure
     elif not counted and gated:
         verdict = gated[0].verdict
-    else:  # a declared test that did not run keeps the claim from "reproduced"
-        pending = [r for r in tests if not r.context and r.verdict == NOT_RUN]
+    elif not counted and not pending and any(r.verdict == UNTESTABLE for r in ran):
+        verdict = UNTESTABLE
+    else:  # a declared test that did not run, or cannot decide (untestable), keeps the claim from "reproduced"
+        pending += [r for r in ran if r.verdict == UNTESTABLE]
         verdict = claim_verdict([r.verdict for _, r in counted] + [r.verdict for r in pending],
                                 [r.family_verdict for _, r in counted] + [r.verdict for r in pending])
     outcome = ClaimOutcome(claim, verdict, tests, premises)

@@ -45,7 +45,7 @@ from evolm.report.study.measure import ClaimOutcome, PremiseOutcome, StudyOutcom
 from evolm.report.study.stats import (BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, FAMILY_RESAMPLES, LEVEL, bootstrap_curve,
                                       bootstrap_interval, exact_proportion_interval, is_binary, paired_binary_interval,
                                       pooled_problems, problem_values)
-from evolm.report.study.verdicts import (CONTRADICTED, INCONCLUSIVE, NOT_RUN, PREMISE_ABSENT, REPRODUCED,
+from evolm.report.study.verdicts import (CONTRADICTED, INCONCLUSIVE, NOT_RUN, PREMISE_ABSENT, REPRODUCED, UNTESTABLE,
                                          TRAINING_FAILED)
 from evolm.report.study.words import describe, describe_premise, key_number, why
 from evolm.report.sweeps import sweep_sections
@@ -110,7 +110,7 @@ def summary_section(claims: ClaimsFile, study: StudyOutcome, src: Sources, twins
     counts = {}
     for o in study.claims:
         counts[o.verdict] = counts.get(o.verdict, 0) + 1
-    order = (REPRODUCED, CONTRADICTED, INCONCLUSIVE, PREMISE_ABSENT, TRAINING_FAILED, NOT_RUN)
+    order = (REPRODUCED, CONTRADICTED, INCONCLUSIVE, PREMISE_ABSENT, TRAINING_FAILED, UNTESTABLE, NOT_RUN)
     verdicts = ", ".join(f"{counts[v]} {v}" for v in order if counts.get(v))
     by = {v: [o.claim.id for o in study.claims if o.verdict == v] for v in order}
     named = "; ".join(f"{v}: {', '.join(ids)}" for v, ids in by.items() if ids)

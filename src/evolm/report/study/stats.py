@@ -284,7 +284,7 @@ def count_interval(record: dict, level: float) -> list[float] | None:
     share, expected, observed = record.get("parameter_share"), record.get("expected"), record.get("observed")
     if not share or expected is None or observed is None:
         return record.get("enrichment_interval")
-    lo, hi = exact_proportion_interval(int(observed), round(expected / share), level)
+    lo, hi = exact_proportion_interval(int(record.get("rounded", observed)), round(expected / share), level)
     return [lo / share, hi / share]
 
 

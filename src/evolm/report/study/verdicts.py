@@ -11,7 +11,10 @@ REPRODUCED, CONTRADICTED, INCONCLUSIVE, NOT_RUN = "reproduced", "contradicted", 
 TRAINING_FAILED, PREMISE_ABSENT = "training failed", "premise absent"
 """The two verdicts of a failed premise: a run that lost its task (its tests are not evidence either way), and a
 claim whose precondition (e.g. a trade-off to combine) was not found here."""
-VERDICTS = (REPRODUCED, CONTRADICTED, INCONCLUSIVE, NOT_RUN, TRAINING_FAILED, PREMISE_ABSENT)
+UNTESTABLE = "untestable"
+"""A test whose outcome its definition fixes (``testability``): shown with its number, never counted; a claim all
+of whose tests are untestable reads it too."""
+VERDICTS = (REPRODUCED, CONTRADICTED, INCONCLUSIVE, NOT_RUN, TRAINING_FAILED, PREMISE_ABSENT, UNTESTABLE)
 """Every verdict a test or a claim can get."""
 GATED = (TRAINING_FAILED, PREMISE_ABSENT)
 """The verdicts of tests a failed premise took out of their claim's count."""

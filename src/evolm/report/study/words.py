@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from evolm.report.study.measure import ClaimOutcome, Outcome, PremiseOutcome
 from evolm.report.study.stats import LEVEL
-from evolm.report.study.verdicts import CONTRADICTED, GATED, INCONCLUSIVE, NOT_RUN, REPRODUCED, TRAINING_FAILED
+from evolm.report.study.verdicts import (CONTRADICTED, GATED, INCONCLUSIVE, NOT_RUN, REPRODUCED, TRAINING_FAILED,
+                                         UNTESTABLE)
 
 
 def _signed(x: float) -> str:
@@ -69,6 +70,8 @@ def _margin(r: Outcome) -> str:
 
 
 def _verdict(r: Outcome) -> str:
+    if r.verdict == UNTESTABLE:
+        return f"**{UNTESTABLE}** ({r.untestable}; measured: {r.measured}; not counted)"
     if r.verdict in GATED:
         return f"**{r.verdict}** ({r.gate}; measured: {r.measured})" if r.measured else f"**{r.verdict}** ({r.gate})"
     return r.verdict
@@ -111,7 +114,8 @@ def _describe(r: Outcome) -> str:
             return (f"{shown}: enrichment {_g(r.estimate)}, null 95% {_g(r.null[0])}–{_g(r.null[1])} ({r.detail}{p}; "
                     f"{criterion}): {_verdict(r)}")
         ratio = f" = {_g(r.a)} / {_g(r.b)}" if r.a is not None and r.b is not None else ""
-        return f"{shown}: {_g(r.estimate)}{ratio} (exact, one run; {criterion}): {_verdict(r)}"
+        walk = f"; {r.detail}" if r.detail else ""
+        return f"{shown}: {_g(r.estimate)}{ratio} (exact, one run{walk}; {criterion}): {_verdict(r)}"
     return f"{title}: {r.verdict} ({r.detail})"
 
 
@@ -145,8 +149,12 @@ def why(o: ClaimOutcome) -> str:
                 + (f"; {absent} test{'s' if absent != 1 else ''} without {'their' if absent != 1 else 'its'} premise left out"
                    if absent else ""))
     failed = next((p for p in o.premises if p.holds is False and p.premise.gates == "claim"), None)
+    untestable = sum(r.verdict == UNTESTABLE and not r.context for r in o.tests)
+    left_out += f"; {untestable} untestable test{'s' if untestable != 1 else ''} not counted" if untestable else ""
     if o.verdict == NOT_RUN:
         return o.claim.not_run or "no test ran"
+    if o.verdict == UNTESTABLE:
+        return f"every test's outcome is fixed by its definition ({untestable} untestable)"
     if failed is not None:
         return f"premise '{failed.premise.id}' not found ({failed.outcome.verdict}); no test counted"
     if not counted and gated:
