@@ -348,6 +348,41 @@ def test_two_actors_reach_the_local_weights_bit_for_bit(tmp_path, tiny_dir, loca
     assert records[0]["gen_sequences"] == 8 * 8  # cost counters come back from the actors
 
 
+EVALUATED = {"eval.before_after": "true", "eval.count": 6, "eval.n_samples": 2, "eval.k": "[1,2]", "probe.every": 2,
+             "probe.task": "''", "probe.count": 4, "probe.n_samples": 2, "probe.k": "[1,2]", "es.eval_center_every": 1,
+             "generation.batch_size": 4}  # 2 prompts x 2 samples per call: an evaluation is several calls to share
+
+
+def _table(report: dict) -> dict:
+    return {k: v for k, v in report.items() if k != "seconds"}
+
+
+@pytest.mark.ray
+def test_evaluations_run_on_two_hf_actors_and_equal_the_one_process_tables(tmp_path, tiny_dir, ray_instance, vowel_task,
+                                                                            monkeypatch):
+    from evolm.backends.hf import HFGenerator
+
+    local = _run(_cfg(tmp_path / "local", tiny_dir, 0, **EVALUATED), vowel_task)
+    training = {"on": False}
+    driver_generate = HFGenerator.generate
+
+    def driver_only_before_training(self, prompts, params):  # the driver process's HF generator (not the actors')
+        assert not training["on"], "the driver generated after the actors started: evaluations belong on the actors"
+        return driver_generate(self, prompts, params)
+
+    monkeypatch.setattr(HFGenerator, "generate", driver_only_before_training)
+    run = _run(_cfg(tmp_path / "ray", tiny_dir, 2, **EVALUATED), vowel_task,
+               callbacks=(lambda step, record: training.update(on=True),))
+    assert training["on"]
+    _assert_same_run(run, local)
+    for label in ("before", "after"):  # the held-out tables, problem by problem, sample by sample
+        read = lambda r: _table(json.loads((r.path / f"eval_{label}.json").read_text()))  # noqa: E731
+        assert read(run) == read(local), label
+    probes = [{k: v for k, v in r.items() if k != "probe_seconds"} for r in run.probes()]
+    assert len(probes) == 3 and probes == [{k: v for k, v in r.items() if k != "probe_seconds"} for r in local.probes()]
+    assert [r["center_reward"] for r in _train(run)] == [r["center_reward"] for r in _train(local)]
+
+
 def _descendant_scoring_actor():
     """A Ray actor process of this test's own Ray instance that is scoring a member right now."""
     import psutil

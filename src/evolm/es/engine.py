@@ -385,7 +385,8 @@ def train(cfg, comps, run: RunDir, start, params: ParamSet, *, probe: Callable |
     finally:
         if bar is not None:
             bar.close()
-        population.close()
+        if not getattr(population, "outlives_train", False):  # Ray actors that evaluate after training: the caller's
+            population.close()
     return TrainResult(steps=step, final_model=float32_model(model, params), totals=totals)
 
 
@@ -422,9 +423,13 @@ def _iteration(cfg, run: RunDir, population, task, tokenizer, generator, layout,
         if not quiet:
             (bar.write if bar is not None else print)(f"[evolm] update {step}: {update.message}")
     if es.eval_center_every and step % es.eval_center_every == 0:
-        population.sync()
+        where = generator.generate
+        if getattr(population, "evaluates", False):  # on an actor (its weights are the centre's), as one call
+            where = population.generate
+        else:
+            population.sync()
         t0 = time.perf_counter()
-        extra["center_reward"], _, _ = score_completions(task, examples, generator.generate(prompts, sampling), prompts)
+        extra["center_reward"], _, _ = score_completions(task, examples, where(prompts, sampling), prompts)
         extra["seconds_center"] = time.perf_counter() - t0
     seconds = time.perf_counter() - t_start
     totals["seconds_total"] += seconds

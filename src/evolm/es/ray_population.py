@@ -28,6 +28,16 @@ Design decisions:
   arithmetic as applying each update when it came, so bit-identical) and checks the result against the
   actors' checksums. Cost: one model's memory in the driver (for SmolLM2-135M on CPU ~0.7 GB), and the
   catch-up at those points.
+- **Evaluation where the weights are (HF actors).** ``jobs.run_es`` makes the run's held-out generator an
+  ``ActorsOrDriver``, which the population is attached to once its actors are up: held-out evaluation after
+  training, probes and the centre's score (``es.eval_center_every``) run on the actors' unperturbed replicas
+  (``Replica.generate``, under ``heldout.isolated`` as on the driver). ``evaluate`` hands an evaluation's
+  generator calls to ``generate_many`` all at once; each call goes whole to the first free actor, with the
+  batch and the per-call seed (``seeding.ids_seed`` of its problems' ids) it has in one process, so the
+  tables are bit-identical to a one-process run's (tested: 2 actors, before/after tables, probes, centre).
+  The population then outlives ``engine.train`` and ``jobs.run_es`` closes it after ``finish_run``. The
+  evaluation before training still runs on the driver (the actors start inside ``engine.train``); vLLM
+  actors leave every evaluation to the driver's HF copy (their engines would give other samples).
 - **Replicas stay bit-identical, checked on their device.** After loading and after every applied update
   each actor returns ``checksum.tensor_checksum`` per selected tensor (the float32 masters first when
   generation runs in lower precision, then the weights generation reads): an integer reduction of the
@@ -109,7 +119,7 @@ from typing import Any, Callable
 import torch
 
 from evolm import models
-from evolm.backends import engine_options, make_generator
+from evolm.backends import engine_options, heldout_backend, make_generator
 from evolm.errors import UserError
 from evolm.es import fused
 from evolm.checksum import tensor_checksum
@@ -307,6 +317,7 @@ class Replica:
         generator = make_generator(g.backend, model, tokenizer, g.batch_size, g.prefix_cache,
                                    **{**engine_options(cfg), "threads": recipe.threads})
         self.generator = generator
+        self.model = model
         try:
             params = build_paramset(model, cfg, recipe.header, generator)  # vLLM: perturbs inside the engine
             if recipe.checkpoint:
@@ -337,6 +348,14 @@ class Replica:
         """Apply the update to this replica; whether the weights took it (non-finite: refused) and the checksums."""
         done = self.population.apply_update(iteration, Update(coefficients, scale, "applied"))
         return {"applied": done.applies, "checksum": weights_checksum(self.population.params)}
+
+    def generate(self, prompts: list[str], sampling) -> list:
+        """Completions of the replica's current (unperturbed) weights: one generator call of an evaluation
+        (held-out, probe, the centre's score), measured as ``heldout.isolated`` measures on the driver."""
+        from evolm.heldout import isolated
+
+        with isolated(self.model):
+            return self.generator.generate(prompts, sampling)
 
     def close(self) -> None:
         """Release the generator (a vLLM engine's processes) before the actor is killed."""
@@ -541,6 +560,8 @@ class RayPopulation:
         self.placement = placement = placement or reserve(cfg, say)
         threads = placement.threads
         self._names = checksum_names(params)
+        self._evaluates = cfg.generation.backend == "hf" and heldout_backend(cfg) == "hf"
+        self.outlives_train = False  # True: jobs.run_es closes it, after the evaluation after training (on the actors)
         uses_fused = cfg.model.device == "cpu" and fused.kernel() is not None  # built here, before any actor
         self._recipe = ReplicaRecipe(cfg=cfg, spec=spec, checkpoint=checkpoint, header=header, task=task,
                                      threads=0 if placement.auto else threads, fused=uses_fused)
@@ -688,6 +709,54 @@ class RayPopulation:
                      "ray_threads": _one_or_all({self._info.get(a, {}).get("threads") for a in self._actors} - {None})}
         return out
 
+    # -- evaluation where the weights are ------------------------------------------------------------
+    @property
+    def evaluates(self) -> bool:
+        """Whether the actors take the driver's evaluations (held-out, probes, the centre's score): HF actors,
+        whose generator is the one the driver would evaluate with (vLLM actors: the driver's HF copy does)."""
+        return self._evaluates
+
+    def generate(self, prompts: list[str], sampling) -> list:
+        """One generator call on one actor (the whole call: its batch is the one-process batch)."""
+        out: list = []
+        self.generate_many([(prompts, sampling)], lambda index, result: out.append(result))
+        return out[0]
+
+    def generate_many(self, calls: list, done: Callable[[int, list], None]) -> None:
+        """Run generator ``calls`` ``[(prompts, sampling), ...]`` on the actors, each whole on one actor (its
+        batch and seed as in one process, so the same completions bit for bit), the next call to the first
+        actor free; ``done(index, completions)`` as each returns. A call whose actor dies goes to another."""
+        ray = self.ray
+        self._settle_starting()
+        todo = deque(range(len(calls)))
+        busy: dict[Any, tuple[int, int]] = {}
+        idle = deque(sorted(self._actors))
+        while todo or busy:
+            while idle and todo:
+                aid = idle.popleft()
+                if aid not in self._actors:
+                    continue
+                index = todo.popleft()
+                busy[self._actors[aid].generate.remote(*calls[index])] = (aid, index)
+            if not busy and not self._starting:
+                raise DistributedError("no Ray actor is left to evaluate; continue with evolm es --resume RUN_DIR")
+            ready, _ = ray.wait(list(busy) + list(self._starting), num_returns=1)
+            future = ready[0]
+            if future in self._starting:
+                aid = self._on_started(future)
+                if aid is not None:
+                    idle.append(aid)
+                continue
+            aid, index = busy.pop(future)
+            try:
+                result = ray.get(future)
+            except self._died as e:
+                self._on_death(aid, self._actors.get(aid), e)
+                todo.appendleft(index)
+                continue
+            done(index, result)
+            idle.append(aid)
+
     def apply_update(self, iteration: int, update):
         """Apply ``update`` on every replica and queue it for the driver's copy (``sync``); returns it, or it
         marked skipped when the weights refused it (non-finite: every replica refuses it alike).
@@ -766,14 +835,47 @@ class RayPopulation:
             self._cleanup = None
 
 
+class ActorsOrDriver:
+    """The generator of the driver's evaluations in an actor layout (``jobs.run_es`` makes it the run's
+    held-out generator, so held-out evaluation and probes use it): while a population whose actors evaluate
+    (``RayPopulation.evaluates``) is attached, each generator call runs on an actor and an evaluation's calls
+    run side by side (``generate_many``); otherwise (before the actors start, vLLM actors) the driver's own
+    generator answers. Anything else is the driver generator's."""
+
+    def __init__(self, driver):
+        self.driver = driver
+        self.population: RayPopulation | None = None
+
+    def __getattr__(self, name):
+        return getattr(self.driver, name)
+
+    def _actors(self) -> RayPopulation | None:
+        pop = self.population
+        return pop if pop is not None and pop.evaluates and (pop._actors or pop._starting) else None
+
+    def generate(self, prompts: list[str], params) -> list:
+        pop = self._actors()
+        return pop.generate(prompts, params) if pop is not None else self.driver.generate(prompts, params)
+
+    def generate_many(self, calls: list, done: Callable[[int, list], None]) -> None:
+        pop = self._actors()
+        if pop is not None:
+            return pop.generate_many(calls, done)
+        for index, (prompts, params) in enumerate(calls):
+            done(index, self.driver.generate(prompts, params))
+
+
 def factory(comps, run, *, checkpoint: Path | None = None, header: dict | None = None, injected: bool = False,
-            placement: Placement | None = None, say: Callable[..., None] = print) -> Callable:
+            placement: Placement | None = None, evaluator: ActorsOrDriver | None = None,
+            say: Callable[..., None] = print) -> Callable:
     """The population factory ``engine.train`` calls as ``factory(cfg, params, generator, task)``.
 
     ``checkpoint``: the checkpoint the driver resumed from; ``header``: the resumed run's seed-log
     header; ``injected``: the model was handed to ``run_es`` in memory, so the actors load a copy the
     driver writes to ``<run>/replica_init/`` (after the checkpoint, if any, was loaded into it); ``placement``: the
-    actors' reserved resources (``reserve``), released by the caller."""
+    actors' reserved resources (``reserve``), released by the caller; ``evaluator``: the run's
+    held-out generator, which the population is attached to (the caller then closes the population, after the
+    evaluation after training, instead of ``engine.train``)."""
 
     def make(cfg, params, generator, task) -> RayPopulation:
         _import_ray(cfg.distributed.workers)
@@ -787,7 +889,11 @@ def factory(comps, run, *, checkpoint: Path | None = None, header: dict | None =
             save_masters(params, target)
             spec = source = str(target)
             cleanup = target
-        return RayPopulation(cfg, params, generator, task, spec=spec, checkpoint=source, header=header, cleanup=cleanup,
-                             placement=placement, say=say)
+        population = RayPopulation(cfg, params, generator, task, spec=spec, checkpoint=source, header=header,
+                                   cleanup=cleanup, placement=placement, say=say)
+        if evaluator is not None:
+            evaluator.population = population
+            population.outlives_train = True
+        return population
 
     return make
