@@ -346,6 +346,8 @@ def test_two_actors_reach_the_local_weights_bit_for_bit(tmp_path, tiny_dir, loca
     assert all(sum(r["ray_members"].values()) == 8 for r in records)
     assert any(len(r["ray_members"]) == 2 for r in records)  # both actors took members (dynamic scheduling)
     assert records[0]["gen_sequences"] == 8 * 8  # cost counters come back from the actors
+    assert all(0 <= r["driver_seconds"] < r["seconds"] + 60 for r in records)  # measured every update
+    assert "driver_seconds" not in _train(local_run)[0]
 
 
 EVALUATED = {"eval.before_after": "true", "eval.count": 6, "eval.n_samples": 2, "eval.k": "[1,2]", "probe.every": 2,

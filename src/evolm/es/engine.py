@@ -404,6 +404,7 @@ def _iteration(cfg, run: RunDir, population, task, tokenizer, generator, layout,
     t_start = time.perf_counter()
     examples, prompts = training_batch(task, tokenizer, cfg.run.seed, iteration, es.prompts_per_iteration)
     sampling = SamplingParams(seed=seed31(cfg.run.seed, "sampling", iteration), **sampling_base)
+    since = getattr(population, "last_fitness_at", None) or t_start  # Ray actors: the driver's time between members
     scores = population.score(iteration, layout, es.sigma, examples, prompts, sampling,
                               on_member=(lambda: bar.update(1)) if bar is not None else None)
     check_scored(task, scores, len(layout), iteration + 1)
@@ -418,6 +419,8 @@ def _iteration(cfg, run: RunDir, population, task, tokenizer, generator, layout,
              "update_norm_coef": float(math.sqrt(sum(c * c for c in update.coefficients))) * update.scale,
              "seconds_generate": scores.seconds["generate"], "seconds_perturb": scores.seconds["perturb"],
              "seconds_restore": scores.seconds["restore"], "seconds_update": seconds_update, **scores.extra, **errors}
+    if getattr(population, "first_member_at", None) is not None:  # from the last fitness before to the first member
+        extra["driver_seconds"] = population.first_member_at - since
     if update.message:
         extra["message"] = update.message
         if not quiet:

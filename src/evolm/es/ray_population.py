@@ -38,6 +38,10 @@ Design decisions:
   The population then outlives ``engine.train`` and ``jobs.run_es`` closes it after ``finish_run``. The
   evaluation before training still runs on the driver (the actors start inside ``engine.train``); vLLM
   actors leave every evaluation to the driver's HF copy (their engines would give other samples).
+- **The driver's time is measured.** Each update's metrics record holds ``driver_seconds``: the wall time
+  from the previous update's last fitness (the iteration's start for the first update of a process) to this
+  update's first member being sent, i.e. everything the actors wait on the driver for: the update's
+  arithmetic, sending it and waiting for the actors' checksums, logging, probes and checkpoints between.
 - **Replicas stay bit-identical, checked on their device.** After loading and after every applied update
   each actor returns ``checksum.tensor_checksum`` per selected tensor (the float32 masters first when
   generation runs in lower precision, then the weights generation reads): an integer reduction of the
@@ -568,6 +572,10 @@ class RayPopulation:
         self._replay: list[tuple[int, list[float], float]] = []
         self._checksum = weights_checksum(params)
         self._restarts_left = dist.max_restarts
+        self.first_member_at: float | None = None
+        """When ``score`` sent its first member (``time.perf_counter``); with ``last_fitness_at``, when its last
+        fitness came back, the engine measures ``driver_seconds``."""
+        self.last_fitness_at: float | None = None
         self.restarts = 0
         self._next_id = 0
         self._info: dict[int, dict] = {}
@@ -665,6 +673,7 @@ class RayPopulation:
         idle = deque(sorted(self._actors))
         per_actor: dict[int, int] = {}
         rescored = 0
+        self.first_member_at = None
         while todo or busy:
             while idle and todo:
                 aid = idle.popleft()
@@ -673,6 +682,8 @@ class RayPopulation:
                 member = todo.popleft()
                 direction, sign = layout[member]
                 busy[self._actors[aid].score.remote(iteration, direction, sign, sigma, batch)] = (aid, member)
+                if self.first_member_at is None:
+                    self.first_member_at = time.perf_counter()
             if not busy and not self._starting:
                 raise DistributedError("no Ray actor is left to score the population; continue with evolm es --resume RUN_DIR")
             done, _ = ray.wait(list(busy) + list(self._starting), num_returns=1)
@@ -701,6 +712,7 @@ class RayPopulation:
             out.gen_tokens += result["gen_tokens"]
             per_actor[aid] = per_actor.get(aid, 0) + 1
             idle.append(aid)
+            self.last_fitness_at = time.perf_counter()
             if on_member:
                 on_member()
         out.extra = {"ray_actors": len(self._actors), "ray_restarts": self.restarts, "ray_rescored": rescored,
