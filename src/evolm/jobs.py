@@ -499,13 +499,14 @@ def run_es(cfg, resume=None, *, model=None, tokenizer=None, task: Task | None = 
         for note in getattr(cfg, "auto_notes", []):  # the generation dtype "auto" chose (bf16 on CUDA and AMX CPUs)
             if note.startswith("model.dtype = bfloat16"):
                 say(f"[evolm] {note}")
+        frees_driver = probe is None  # a probe handed in may read the driver's model: the driver keeps it
         with marking_failures(run), tracking(cfg, run, es_engine.METHOD, start):
             probe = start_measurements(cfg, comps, run, start, es_engine.METHOD, probe=probe, eval_before=eval_before, say=say)
             factory = population_factory
             if evaluator is not None:  # K Ray actors (evolm.es.ray_population): they need the model's source
                 factory = ray_population.factory(comps, run, checkpoint=start.checkpoint, header=header,
                                                  injected=model is not None, placement=placement, evaluator=evaluator,
-                                                 say=say)
+                                                 free=frees_driver, say=say)
             try:
                 result = es_engine.train(cfg, comps, run, start, params, probe=probe, callbacks=callbacks, say=say,
                                          quiet=quiet, population_factory=factory)

@@ -347,12 +347,12 @@ def train(cfg, comps, run: RunDir, start, params: ParamSet, *, probe: Callable |
         params.replay_shadow([r for r in run.seed_log() if "iteration" in r and int(r["step"]) <= start.step])
     generator.sync_weights()
     path = params.perturb_path  # builds the fused kernel now (announced), so no timed record or ETA includes it
+    layout = member_layout(es.estimator, es.population)
+    if start.step == 0 and not run.seed_log():  # before the population: Ray actors may take the driver's weights
+        run.log_seed(run_header(params, cfg, layout))
     population = (population_factory or make_population)(cfg, params, generator, task)
     if start.step and hasattr(population, "resume_from"):  # e.g. generation.verify="auto" that turned itself off
         population.resume_from(run.metrics())
-    layout = member_layout(es.estimator, es.population)
-    if start.step == 0 and not run.seed_log():
-        run.log_seed(run_header(params, cfg, layout))
     say(f"[evolm] ES on {cfg.model.spec}: {len(params.names)} tensors, {params.numel:,} parameters, "
         f"N={es.population} ({es.estimator}), sigma={es.sigma}, lr={es.lr}, noise={es.noise}, perturb={path}, "
         f"perturbation={es.perturbation}{f' (rank {es.rank})' if es.perturbation == 'lowrank' else ''}; run dir {run.path}")
@@ -376,8 +376,11 @@ def train(cfg, comps, run: RunDir, start, params: ParamSet, *, probe: Callable |
             if probe is not None and cfg.probe.every and step % cfg.probe.every == 0 and not last:
                 run.log_metrics(probe_record(probe, model, step, METHOD))
             if cfg.run.checkpoints and step % cfg.run.checkpoint_every == 0 and not last:
-                ckpt = run.save_checkpoint(float32_model(model, params), step, {"method": METHOD, **totals},
-                                           keep=cfg.run.keep_checkpoints, write_extra=lambda tmp: save_masters(params, tmp))
+                remote = getattr(population, "remote_weights", lambda: None)()  # Ray actors hold the only weights
+                ckpt = run.save_checkpoint(remote or float32_model(model, params), step, {"method": METHOD, **totals},
+                                           keep=cfg.run.keep_checkpoints,
+                                           write_extra=population.save_masters if remote is not None
+                                           else lambda tmp: save_masters(params, tmp))
                 population.checkpointed(ckpt, step)
             for cb in callbacks:
                 cb(step, record)
@@ -387,7 +390,8 @@ def train(cfg, comps, run: RunDir, start, params: ParamSet, *, probe: Callable |
             bar.close()
         if not getattr(population, "outlives_train", False):  # Ray actors that evaluate after training: the caller's
             population.close()
-    return TrainResult(steps=step, final_model=float32_model(model, params), totals=totals)
+    remote = getattr(population, "remote_weights", lambda: None)()  # read from an actor by finish_run's save
+    return TrainResult(steps=step, final_model=remote or float32_model(model, params), totals=totals)
 
 
 def check_scored(task: Task, scores, members: int, step: int) -> None:

@@ -20,11 +20,21 @@ Design decisions:
   on which actor scored which member.
 - **Dynamic scheduling.** Every actor holds at most one member; ``ray.wait`` returns the first
   finished one and that actor takes the next unscored member. Fitnesses are stored by member index.
-- **The driver keeps the seed log, and a copy it brings up to date only when it reads it.** An update
-  goes to the actors and is queued on the driver's ``ParamSet`` (``defer_update``), so an iteration
-  costs the actors' in-place step, not a CPU pass over the driver's copy beside them. Before the
-  driver's weights are read — checkpoints, probes, ``es.eval_center_every``, ``final/`` and held-out
-  evaluation at the end — the engine calls ``sync``, which applies the queue in order (the same
+- **The driver keeps the record, the actors keep the weights (HF actors).** Once the actors are up and agree
+  (checksums, actor 0's the reference), ``free_driver`` moves the driver's model, the ParamSet's tensors
+  and its masters to the ``meta`` device (``jobs.run_es`` asks for it unless a probe function was handed in,
+  which may read the model): no replica on the driver, only the seed log, the noise and the shapes.
+  Checkpoints, ``masters.safetensors`` and ``final/`` are written by the driver from one actor's tensors
+  (the live actor with the lowest id), fetched tensor by tensor in pieces of at most ``PIECE_BYTES``
+  (``Replica.piece``) and streamed into the files by ``evolm.streamsave`` (``fetch``; the names, shapes and
+  tied aliases were taken from the real model before it left), so the files are byte for byte a
+  one-process run's (tested, float32 and bfloat16 with masters). The seed log header is written before the
+  population starts. If every actor dies during an update the run stops (resume it).
+- **Otherwise (vLLM actors, a probe handed in) the driver keeps a copy it brings up to date only when it
+  reads it.** An update goes to the actors and is queued on the driver's ``ParamSet`` (``defer_update``),
+  so an iteration costs the actors' in-place step, not a CPU pass over the driver's copy beside them.
+  Before the driver's weights are read — checkpoints, probes, ``es.eval_center_every``, ``final/`` and
+  held-out evaluation at the end — the engine calls ``sync``, which applies the queue in order (the same
   arithmetic as applying each update when it came, so bit-identical) and checks the result against the
   actors' checksums. Cost: one model's memory in the driver (for SmolLM2-135M on CPU ~0.7 GB), and the
   catch-up at those points.
@@ -140,6 +150,9 @@ WORKER_NICENESS = 0
 scoring, with the CPU the other jobs did not want (measured here: ~5% of a core beside two busy
 processes); an existing cluster keeps its own setting."""
 
+
+PIECE_BYTES = 64 * 1024 * 1024
+"""The most bytes of one tensor the driver fetches from an actor per call when it saves weights it does not hold."""
 
 CLOSE_SECONDS = 60.0
 """How long ``RayPopulation.close`` waits for the actors to close their generators before killing them."""
@@ -352,6 +365,22 @@ class Replica:
         """Apply the update to this replica; whether the weights took it (non-finite: refused) and the checksums."""
         done = self.population.apply_update(iteration, Update(coefficients, scale, "applied"))
         return {"applied": done.applies, "checksum": weights_checksum(self.population.params)}
+
+    def piece(self, kind: str, name: str, start: int, stop: int) -> torch.Tensor:
+        """Elements ``start:stop`` of one stored tensor, flattened, on the CPU: ``kind`` "weights" (what a save
+        writes under ``name``: the float32 master in place of a lower-precision tensor) or "master"
+        (``masters.safetensors``). The driver assembles a checkpoint or ``final/`` from these, a bounded
+        piece at a time (``RayPopulation.fetch``)."""
+        params = self.population.params
+        if kind == "master":
+            tensor = dict(zip(params.names, params.masters or []))[name]
+        else:
+            from evolm.streamsave import ModelWeights, saved_tensors
+
+            weights = float32_model(self.model, params)
+            weights = weights if isinstance(weights, ModelWeights) else ModelWeights(weights)
+            tensor = saved_tensors(weights.model, weights.replace)[name]
+        return tensor.detach().reshape(-1)[start:stop].to("cpu", copy=True)
 
     def generate(self, prompts: list[str], sampling) -> list:
         """Completions of the replica's current (unperturbed) weights: one generator call of an evaluation
@@ -572,6 +601,11 @@ class RayPopulation:
         self._replay: list[tuple[int, list[float], float]] = []
         self._checksum = weights_checksum(params)
         self._restarts_left = dist.max_restarts
+        self.remote = False
+        """True once ``free_driver`` dropped the driver's weights: saves fetch them from an actor."""
+        self._model = None
+        self._layout: dict[str, torch.Tensor] = {}
+        self._master_layout: dict[str, torch.Tensor] | None = None
         self.first_member_at: float | None = None
         """When ``score`` sent its first member (``time.perf_counter``); with ``last_fitness_at``, when its last
         fitness came back, the engine measures ``driver_seconds``."""
@@ -721,6 +755,82 @@ class RayPopulation:
                      "ray_threads": _one_or_all({self._info.get(a, {}).get("threads") for a in self._actors} - {None})}
         return out
 
+    # -- the driver keeps the record, the actors keep the weights -------------------------------------
+    def free_driver(self, model) -> bool:
+        """Drop the driver's weights (``model`` and the ParamSet's tensors and masters go to the ``meta``
+        device; the noise and the selection stay): from here on the actors hold the only replicas, saves
+        fetch them from one (``remote_weights``, ``save_masters``) and ``sync`` has nothing to do. Only with
+        actors that evaluate (the driver's copy is then never read). False, keeping the copy, for a model
+        whose classes convert tensors on saving (streamed saves cannot write it)."""
+        from evolm.streamsave import saved_tensors
+
+        params = self.params
+        if not self._evaluates or getattr(params, "masters_elsewhere", False):
+            return False
+        if params.deferred:
+            self.sync()
+        saved = saved_tensors(model)
+        if saved is None:
+            return False
+        self._layout = {n: torch.empty(t.shape, dtype=t.dtype, device="meta") for n, t in saved.items()}
+        if params.masters is not None:
+            self._master_layout = {n: torch.empty(m.shape, dtype=torch.float32, device="meta")
+                                   for n, m in zip(params.names, params.masters)}
+        del saved
+        self._save_dtype = torch.float32 if params.masters is not None else None
+        model.to("meta")
+        named = dict(model.named_parameters(remove_duplicate=False))
+        params.tensors = [named[n].data for n in params.names]
+        if params.masters is not None:
+            params.masters = [torch.empty_like(m, device="meta") for m in params.masters]
+        self._model, self.remote = model, True
+        return True
+
+    def remote_weights(self):
+        """What a save writes when the driver holds no weights (``free_driver``): a ``streamsave.ModelWeights``
+        whose tensors are fetched from an actor one at a time, in pieces of at most ``PIECE_BYTES``; None while
+        the driver holds its copy (then ``engine.float32_model`` of it)."""
+        if not self.remote:
+            return None
+        from evolm.streamsave import ModelWeights
+
+        return ModelWeights(self._model, {}, self._save_dtype, fetch=lambda name, like: self.fetch("weights", name, like),
+                            layout=self._layout)
+
+    def save_masters(self, directory: Path) -> None:
+        """A checkpoint's ``masters.safetensors``, fetched from an actor (driver without weights)."""
+        if self._master_layout is not None:
+            from evolm.streamsave import write_named
+
+            write_named(Path(directory) / "masters.safetensors", self._master_layout,
+                        fetch=lambda name, like: self.fetch("master", name, like))
+
+    def fetch(self, kind: str, name: str, like: torch.Tensor) -> torch.Tensor:
+        """One stored tensor (``Replica.piece``) from the live actor with the lowest id, ``PIECE_BYTES`` at a
+        time (another actor takes over if it dies); refused (RuntimeError) if it holds inf or NaN, as
+        ``runs.check_finite`` refuses a local save."""
+        numel = like.numel()
+        step = max(1, PIECE_BYTES // max(4, like.element_size()))
+        flat, start = None, 0
+        while flat is None or start < numel:
+            self._settle_starting()
+            if not self._actors:
+                raise DistributedError("no Ray actor is left to read the weights from; continue with evolm es --resume RUN_DIR")
+            aid = min(self._actors)
+            handle = self._actors[aid]
+            try:
+                piece = self.ray.get(handle.piece.remote(kind, name, start, min(numel, start + step)))
+            except self._died as e:
+                self._on_death(aid, handle, e)
+                continue
+            if flat is None:
+                flat = torch.empty(numel, dtype=piece.dtype)
+            flat[start:start + piece.numel()] = piece
+            start += piece.numel()
+        if flat.is_floating_point() and not bool(torch.isfinite(flat).all()):
+            raise RuntimeError(f"refusing to save non-finite weights ({name} holds inf or NaN)")
+        return flat.view(like.shape)
+
     # -- evaluation where the weights are ------------------------------------------------------------
     @property
     def evaluates(self) -> bool:
@@ -794,13 +904,16 @@ class RayPopulation:
                     raise DistributedError(f"Ray actor {aid} {'refused' if applied else 'applied'} update {iteration + 1} "
                                            f"and Ray actor {answers[0][0]} did not: the replicas differ")
                 self._check(aid, got["checksum"], reference, f"after update {iteration + 1}")
+        elif self.remote:
+            raise DistributedError(f"every Ray actor died during update {iteration + 1} and the driver holds no weights; "
+                                   "continue the run with evolm es --resume RUN_DIR")
         else:  # nobody answered: the driver's own copy decides
             self.params.catch_up()
             applied = self.params.apply_update(iteration, coefficients, scale)
             self.generator.sync_weights()
             reference = weights_checksum(self.params)
         if applied:
-            if answers:
+            if answers and not self.remote:
                 self.params.defer_update(iteration, coefficients, scale)
             self._replay.append((iteration, coefficients, scale))
         self._checksum = list(reference)
@@ -810,8 +923,9 @@ class RayPopulation:
 
     def sync(self) -> None:
         """Bring the driver's copy up to date (the queued updates, in order) before its weights are read,
-        and check it against the replicas' checksums: a driver that replays differently stops the run."""
-        if not self.params.catch_up():
+        and check it against the replicas' checksums: a driver that replays differently stops the run. Nothing to
+        do once the driver holds no weights (``free_driver``)."""
+        if self.remote or not self.params.catch_up():
             return
         self.generator.sync_weights()
         bad = first_mismatch(self._names, self._checksum, weights_checksum(self.params))
@@ -878,7 +992,7 @@ class ActorsOrDriver:
 
 
 def factory(comps, run, *, checkpoint: Path | None = None, header: dict | None = None, injected: bool = False,
-            placement: Placement | None = None, evaluator: ActorsOrDriver | None = None,
+            placement: Placement | None = None, evaluator: ActorsOrDriver | None = None, free: bool = False,
             say: Callable[..., None] = print) -> Callable:
     """The population factory ``engine.train`` calls as ``factory(cfg, params, generator, task)``.
 
@@ -887,7 +1001,8 @@ def factory(comps, run, *, checkpoint: Path | None = None, header: dict | None =
     driver writes to ``<run>/replica_init/`` (after the checkpoint, if any, was loaded into it); ``placement``: the
     actors' reserved resources (``reserve``), released by the caller; ``evaluator``: the run's
     held-out generator, which the population is attached to (the caller then closes the population, after the
-    evaluation after training, instead of ``engine.train``)."""
+    evaluation after training, instead of ``engine.train``); ``free``: with ``evaluator``, the driver then
+    drops its weights once the actors are up (``RayPopulation.free_driver``; nothing may read them after)."""
 
     def make(cfg, params, generator, task) -> RayPopulation:
         _import_ray(cfg.distributed.workers)
@@ -906,6 +1021,8 @@ def factory(comps, run, *, checkpoint: Path | None = None, header: dict | None =
         if evaluator is not None:
             evaluator.population = population
             population.outlives_train = True
+            if free and population.free_driver(comps.model):
+                say("[evolm] the driver holds no weights now: the actors do, and checkpoints and final/ are read from one")
         return population
 
     return make
