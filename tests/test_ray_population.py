@@ -454,7 +454,8 @@ def test_an_actor_killed_mid_iteration_is_replaced_and_the_result_is_unchanged(t
     assert records[-1]["ray_restarts"] == 1
     assert sum(r["ray_rescored"] for r in records) >= 1  # the killed actor's member was scored again
     assert records[-1]["ray_actors"] == 2
-    _assert_same_run(run, local_run)  # the replacement replayed update 1 from the spec: same weights
+    assert records[-1]["ray_copied"] == 1 and records[-1]["ray_replayed"] == 0  # copied from the live actor
+    _assert_same_run(run, local_run)  # the replacement copied the live actor's weights after update 1: same weights
 
 
 @pytest.mark.ray

@@ -79,10 +79,15 @@ Design decisions:
 - **Faults.** An actor that dies (process killed, Ray's memory monitor, node lost; at start-up too,
   unless its own ``__init__`` raised, which is a setup error and stops the run) is replaced, up to
   ``distributed.max_restarts`` times per run, and its unfinished member goes back to the queue; past
-  the budget it is dropped and the others carry on. A replacement never receives weights: it loads
-  the same spec, or the newest checkpoint the driver wrote, and replays the updates applied since
-  (the seed log's coefficients and scales, kept in memory), then must report the driver's checksums
-  before it takes work. Before an update is sent, replacements still loading are waited for, so every
+  the budget it is dropped and the others carry on. A replacement of an HF actor loads the same spec
+  (or checkpoint) and then receives a live actor's selected tensors and float32 masters, a piece of at
+  most ``PIECE_BYTES`` at a time from actor to actor through Ray's object store (``_copy_weights``; the
+  driver waits meanwhile, one piece in flight, which it also reads to learn the source is alive), so it
+  replays nothing. A vLLM actor's replacement (or one with no live actor to copy) loads the same spec, or
+  the newest checkpoint the driver wrote, and replays the updates applied since (the seed log's
+  coefficients and scales, kept in memory): vLLM actors still load twice (an HF copy, then the engine).
+  Either way it must report the other actors' checksums before it takes work; the records count
+  ``ray_copied`` and ``ray_replayed`` (updates replayed by replacements). Before an update is sent, replacements still loading are waited for, so every
   live actor receives every update.
 - **Where the actors' weights come from.** The model spec (``model.spec``) when the engine loaded the
   model from it; the resumed checkpoint on ``--resume``; and for a model handed to ``run_es`` in
@@ -374,6 +379,8 @@ class Replica:
         params = self.population.params
         if kind == "master":
             tensor = dict(zip(params.names, params.masters or []))[name]
+        elif kind == "tensor":  # a selected tensor as generation reads it (a replacement copies these and the masters)
+            tensor = params.tensors[params.names.index(name)]
         else:
             from evolm.streamsave import ModelWeights, saved_tensors
 
@@ -381,6 +388,23 @@ class Replica:
             weights = weights if isinstance(weights, ModelWeights) else ModelWeights(weights)
             tensor = saved_tensors(weights.model, weights.replace)[name]
         return tensor.detach().reshape(-1)[start:stop].to("cpu", copy=True)
+
+    def loaded(self) -> bool:
+        """Whether ``__init__`` finished (a replacement that copies a live actor's weights is then sent them)."""
+        return True
+
+    def put_piece(self, kind: str, name: str, start: int, values: torch.Tensor) -> int:
+        """Write a piece another actor's ``piece`` returned ("tensor" or "master") into this replica."""
+        params = self.population.params
+        k = params.names.index(name)
+        target = params.masters[k] if kind == "master" else params.tensors[k]
+        target.view(-1)[start:start + values.numel()].copy_(values.to(target.dtype))
+        return values.numel()
+
+    def copied(self) -> dict:
+        """After the pieces: the generator sees the new weights; what ``ready`` reports."""
+        self.generator.sync_weights()
+        return self.ready()
 
     def generate(self, prompts: list[str], sampling) -> list:
         """Completions of the replica's current (unperturbed) weights: one generator call of an evaluation
@@ -602,6 +626,11 @@ class RayPopulation:
         self._checksum = weights_checksum(params)
         self._restarts_left = dist.max_restarts
         self.remote = False
+        self.replayed = 0
+        """Updates replacements replayed (from the spec or the newest checkpoint) so far."""
+        self.copied = 0
+        """Replacements that copied a live actor's weights instead of replaying."""
+        self._copying: set[int] = set()
         """True once ``free_driver`` dropped the driver's weights: saves fetch them from an actor."""
         self._model = None
         self._layout: dict[str, torch.Tensor] = {}
@@ -634,17 +663,53 @@ class RayPopulation:
 
     # -- actors ------------------------------------------------------------------------------------
     def _start(self) -> None:
-        """Start an actor at the driver's current weights (spec or checkpoint + replay); returns at once."""
+        """Start an actor at the driver's current weights; returns at once. At start-up and for vLLM actors: spec
+        or checkpoint + replay of the updates since; a replacement of an HF actor while another lives: the spec,
+        then the live actor's selected tensors (and masters) copied in (``_copy_weights``), no replay."""
         aid = self._next_id
         self._next_id += 1
-        recipe = replace(self._recipe, replay=list(self._replay))
+        copy = not self._initial and self._evaluates and bool(self._actors)
+        recipe = replace(self._recipe, replay=[] if copy else list(self._replay))
         handle = self._actor_class.remote(recipe)
-        self._starting[handle.ready.remote()] = (aid, handle, list(self._checksum))
+        if copy:
+            self._copying.add(aid)
+            self._starting[handle.loaded.remote()] = (aid, handle, list(self._checksum))
+        else:
+            self.replayed += len(self._replay)
+            self._starting[handle.ready.remote()] = (aid, handle, list(self._checksum))
+
+    def _copy_weights(self, handle) -> dict:
+        """Copy a live actor's selected tensors and masters into the new actor ``handle``, a piece of at most
+        ``PIECE_BYTES`` at a time through Ray's object store (each piece goes from actor to actor; one in flight,
+        the driver waits); returns the new actor's ``ready`` answer, checked by the caller."""
+        params = self.params
+        kinds = [("tensor", params.tensors)] + ([("master", params.masters)] if params.masters is not None else [])
+        for kind, tensors in kinds:
+            for name, like in zip(params.names, tensors):
+                numel, start = like.numel(), 0
+                step = max(1, PIECE_BYTES // max(4, like.element_size()))
+                while start < numel:
+                    if not self._actors:
+                        raise DistributedError("no live Ray actor to copy the weights from; continue with evolm es --resume RUN_DIR")
+                    source_id = min(self._actors)
+                    source = self._actors[source_id]
+                    piece = source.piece.remote(kind, name, start, min(numel, start + step))
+                    try:
+                        self.ray.get(piece)
+                    except self._died as e:  # the source died: another live actor is the source
+                        self._on_death(source_id, source, e)
+                        continue
+                    start += self.ray.get(handle.put_piece.remote(kind, name, start, piece))
+        return self.ray.get(handle.copied.remote())
 
     def _on_started(self, future) -> int | None:
         aid, handle, expected = self._starting.pop(future)
         try:
             info = self.ray.get(future)
+            if aid in self._copying:
+                self._copying.discard(aid)
+                info = self._copy_weights(handle)
+                self.copied += 1
         except self._died as e:
             self._on_death(aid, handle, e)
             return None
@@ -750,6 +815,7 @@ class RayPopulation:
             if on_member:
                 on_member()
         out.extra = {"ray_actors": len(self._actors), "ray_restarts": self.restarts, "ray_rescored": rescored,
+                     "ray_replayed": self.replayed, "ray_copied": self.copied,
                      "ray_members": {str(a): n for a, n in sorted(per_actor.items())},
                      "ray_nodes": len({self._info.get(a, {}).get("node") for a in self._actors}),
                      "ray_threads": _one_or_all({self._info.get(a, {}).get("threads") for a in self._actors} - {None})}
