@@ -346,6 +346,73 @@ def test_two_actors_reach_the_local_weights_bit_for_bit(tmp_path, tiny_dir, loca
     assert all(sum(r["ray_members"].values()) == 8 for r in records)
     assert any(len(r["ray_members"]) == 2 for r in records)  # both actors took members (dynamic scheduling)
     assert records[0]["gen_sequences"] == 8 * 8  # cost counters come back from the actors
+    assert all(0 <= r["driver_seconds"] < r["seconds"] + 60 for r in records)  # measured every update
+    assert "driver_seconds" not in _train(local_run)[0]
+
+
+EVALUATED = {"eval.before_after": "true", "eval.count": 6, "eval.n_samples": 2, "eval.k": "[1,2]", "probe.every": 2,
+             "probe.task": "''", "probe.count": 4, "probe.n_samples": 2, "probe.k": "[1,2]", "es.eval_center_every": 1,
+             "generation.batch_size": 4,  # 2 prompts x 2 samples per call: an evaluation is several calls to share
+             "run.checkpoint_every": 2}  # a checkpoint written while the driver holds no weights
+
+
+def _table(report: dict) -> dict:
+    return {k: v for k, v in report.items() if k != "seconds"}
+
+
+def _weight_files(directory: Path) -> dict[str, bytes]:
+    return {f.name: f.read_bytes() for f in sorted(directory.glob("*.safetensors"))}
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])  # bfloat16: float32 masters, saved from an actor too
+def test_evaluations_run_on_two_hf_actors_and_equal_the_one_process_tables(tmp_path, tiny_dir, ray_instance, vowel_task,
+                                                                            monkeypatch, dtype):
+    from evolm.backends.hf import HFGenerator
+    from evolm.es import ray_population
+
+    local = _run(_cfg(tmp_path / "local", tiny_dir, 0, **EVALUATED, **{"model.dtype": dtype}), vowel_task)
+    made = {}
+    factory = ray_population.factory
+
+    def keeping(comps, run, **kw):  # the driver's model and population, to look at after the run
+        make = factory(comps, run, **kw)
+
+        def keep(*a):
+            made["model"], made["population"] = comps.model, make(*a)
+            return made["population"]
+        return keep
+
+    monkeypatch.setattr(ray_population, "factory", keeping)
+    training = {"on": False}
+    driver_generate = HFGenerator.generate
+
+    def driver_only_before_training(self, prompts, params):  # the driver process's HF generator (not the actors')
+        assert not training["on"], "the driver generated after the actors started: evaluations belong on the actors"
+        return driver_generate(self, prompts, params)
+
+    monkeypatch.setattr(HFGenerator, "generate", driver_only_before_training)
+    run = _run(_cfg(tmp_path / "ray", tiny_dir, 2, **EVALUATED, **{"model.dtype": dtype}), vowel_task,
+               callbacks=(lambda step, record: training.update(on=True),))
+    assert training["on"]
+    _assert_same_run(run, local)
+    # the driver kept the record, not the weights: no parameter, master or ParamSet tensor with storage here
+    population = made["population"]
+    assert population.remote
+    assert all(p.device.type == "meta" for p in made["model"].parameters())
+    assert all(t.device.type == "meta" for t in [*population.params.tensors, *(population.params.masters or [])])
+    assert (population.params.masters is not None) == (dtype == "bfloat16")
+    # ... and what it wrote from an actor is byte for byte what the one process wrote
+    for name in ("checkpoints/step_000002", "final"):
+        files = _weight_files(run.path / name)
+        assert files and files == _weight_files(local.path / name), name
+    assert ("masters.safetensors" in _weight_files(run.path / "checkpoints/step_000002")) == (dtype == "bfloat16")
+    for label in ("before", "after"):  # the held-out tables, problem by problem, sample by sample
+        read = lambda r: _table(json.loads((r.path / f"eval_{label}.json").read_text()))  # noqa: E731
+        assert read(run) == read(local), label
+    probes = [{k: v for k, v in r.items() if k != "probe_seconds"} for r in run.probes()]
+    assert len(probes) == 3 and probes == [{k: v for k, v in r.items() if k != "probe_seconds"} for r in local.probes()]
+    assert [r["center_reward"] for r in _train(run)] == [r["center_reward"] for r in _train(local)]
 
 
 def _descendant_scoring_actor():
@@ -387,7 +454,8 @@ def test_an_actor_killed_mid_iteration_is_replaced_and_the_result_is_unchanged(t
     assert records[-1]["ray_restarts"] == 1
     assert sum(r["ray_rescored"] for r in records) >= 1  # the killed actor's member was scored again
     assert records[-1]["ray_actors"] == 2
-    _assert_same_run(run, local_run)  # the replacement replayed update 1 from the spec: same weights
+    assert records[-1]["ray_copied"] == 1 and records[-1]["ray_replayed"] == 0  # copied from the live actor
+    _assert_same_run(run, local_run)  # the replacement copied the live actor's weights after update 1: same weights
 
 
 @pytest.mark.ray

@@ -18,7 +18,10 @@ Design decisions:
 - Problems are sent to the generator in calls of ``max(1, batch_size // n)`` prompts (one generator
   batch each), so progress, ETA and the cache advance per batch. Each call's sampling seed is derived
   from the root seed and the ids of the problems in it, so a problem's samples do not depend on how
-  many problems were already cached, and problems do not share a random stream.
+  many problems were already cached, and problems do not share a random stream. A generator with
+  ``generate_many(calls, done)`` (the Ray population's actors, ``es/ray_population.py``) receives all
+  of a pass's calls at once and runs them side by side: the same calls, prompts and seeds, so the
+  same completions as one generator making them one after another (bit for bit on HF replicas).
 - Generations are cached on disk (``GenerationCache``) under
   ``<cache dir>/<model fingerprint>/<task>/<sampling settings>.jsonl``, one line per problem holding
   the example id, a hash of the exact prompt text, and its completions (text, tokens, entropy,
@@ -242,10 +245,14 @@ def _generate_all(generator: Generator, examples, prompts: list[str], sampling: 
     if bar is not None:
         bar.update((len(prompts) - len(todo)) * sampling.n)
     generated = 0
-    for start in range(0, len(todo), per_call):
-        chunk = todo[start:start + per_call]
-        params = sampling if sampling.greedy else replace(sampling, seed=ids_seed(sampling.seed, [examples[i].id for i in chunk]))
-        results = generator.generate([prompts[i] for i in chunk], params)
+    chunks = [todo[start:start + per_call] for start in range(0, len(todo), per_call)]
+    calls = [([prompts[i] for i in chunk],
+              sampling if sampling.greedy else replace(sampling, seed=ids_seed(sampling.seed, [examples[i].id for i in chunk])))
+             for chunk in chunks]
+
+    def done(index: int, results: list[list[Completion]]) -> None:
+        nonlocal generated
+        chunk = chunks[index]
         for i, comps in zip(chunk, results):
             out[i] = comps
         if table is not None:
@@ -253,6 +260,13 @@ def _generate_all(generator: Generator, examples, prompts: list[str], sampling: 
         generated += len(chunk) * sampling.n
         if bar is not None:
             bar.update(len(chunk) * sampling.n)
+
+    many = getattr(generator, "generate_many", None)  # several generators (Ray actors): the calls run side by side
+    if many is not None and len(calls) > 1:
+        many(calls, done)
+    else:
+        for index, (chunk_prompts, params) in enumerate(calls):
+            done(index, generator.generate(chunk_prompts, params))
     return out, generated  # type: ignore[return-value]
 
 

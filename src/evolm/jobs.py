@@ -479,6 +479,9 @@ def run_es(cfg, resume=None, *, model=None, tokenizer=None, task: Task | None = 
     placement = ray_population.reserve(cfg, say) if cfg.distributed.workers >= 2 else None
     try:
         comps = build_components(cfg, model=model, tokenizer=tokenizer, task=task, generator=generator)
+        evaluator = None
+        if cfg.distributed.workers >= 2:  # evaluations (probes, after training) run on the HF actors once they start
+            evaluator = comps.heldout_generator = ray_population.ActorsOrDriver(comps.heldout)
         es_engine.check_training_data(cfg, comps.task)
         check_rewards(comps.task, comps.tokenizer)
         check_measurements(cfg, comps.task, probe_given=probe is not None)
@@ -496,15 +499,22 @@ def run_es(cfg, resume=None, *, model=None, tokenizer=None, task: Task | None = 
         for note in getattr(cfg, "auto_notes", []):  # the generation dtype "auto" chose (bf16 on CUDA and AMX CPUs)
             if note.startswith("model.dtype = bfloat16"):
                 say(f"[evolm] {note}")
+        frees_driver = probe is None  # a probe handed in may read the driver's model: the driver keeps it
         with marking_failures(run), tracking(cfg, run, es_engine.METHOD, start):
             probe = start_measurements(cfg, comps, run, start, es_engine.METHOD, probe=probe, eval_before=eval_before, say=say)
             factory = population_factory
-            if cfg.distributed.workers >= 2:  # K Ray actors (evolm.es.ray_population): they need the model's source
+            if evaluator is not None:  # K Ray actors (evolm.es.ray_population): they need the model's source
                 factory = ray_population.factory(comps, run, checkpoint=start.checkpoint, header=header,
-                                                 injected=model is not None, placement=placement, say=say)
-            result = es_engine.train(cfg, comps, run, start, params, probe=probe, callbacks=callbacks, say=say, quiet=quiet,
-                                     population_factory=factory)
-            finish_run(cfg, comps, run, es_engine.METHOD, result, probe=probe, say=say)
+                                                 injected=model is not None, placement=placement, evaluator=evaluator,
+                                                 free=frees_driver, say=say)
+            try:
+                result = es_engine.train(cfg, comps, run, start, params, probe=probe, callbacks=callbacks, say=say,
+                                         quiet=quiet, population_factory=factory)
+                finish_run(cfg, comps, run, es_engine.METHOD, result, probe=probe, say=say)
+            finally:
+                if evaluator is not None and evaluator.population is not None:  # it evaluated after training
+                    evaluator.population.close()
+                    evaluator.population = None
         if generator is None:  # built here: release it (a vLLM engine's processes)
             comps.generator.close()
     finally:

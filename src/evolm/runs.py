@@ -516,6 +516,8 @@ def check_finite(model) -> None:
 
     from evolm.streamsave import ModelWeights
 
+    if isinstance(model, ModelWeights) and model.fetch is not None:  # remote weights: checked as they arrive
+        return
     named = model.named_tensors() if isinstance(model, ModelWeights) else model.named_parameters()
     def finite(t, chunk=1 << 20):  # in chunks: isfinite of a whole tensor makes float and bool copies of it
         flat = t.detach().reshape(-1)
@@ -610,7 +612,7 @@ def write_model_weights(directory: Path, model, dtype: str | None = None) -> Non
 
     weights = model if isinstance(model, ModelWeights) else ModelWeights(model)
     target = getattr(torch, dtype) if dtype else weights.dtype
-    write_weights(directory, weights.model, weights.replace, target)
+    write_weights(directory, weights.model, weights.replace, target, fetch=weights.fetch, layout=weights.layout)
 
 
 def load_weights(model, directory: Path) -> None:

@@ -77,9 +77,11 @@ def saved_tensors(model, replace: dict[str, torch.Tensor] | None = None) -> dict
 
 
 def write_safetensors(path: Path, tensors: dict[str, torch.Tensor], dtype: torch.dtype | None = None,
-                      metadata: dict[str, str] | None = None) -> None:
+                      metadata: dict[str, str] | None = None, fetch=None) -> None:
     """Write ``tensors`` to ``path`` one at a time (each floating tensor cast to ``dtype`` when given, on
-    the CPU). The header is built from shapes alone, so no tensor is read before its turn."""
+    the CPU). The header is built from shapes alone, so no tensor is read before its turn. ``fetch(name,
+    tensor)``: the tensor's values, when ``tensors`` holds only shapes (``meta`` tensors of a driver whose
+    weights live in Ray actors, ``es/ray_population.py``); called once per tensor, in the writing order."""
     names = sorted(tensors)
     header, offset, stored = {}, 0, {}
     for name in names:
@@ -98,7 +100,7 @@ def write_safetensors(path: Path, tensors: dict[str, torch.Tensor], dtype: torch
         f.write(struct.pack("<Q", len(head)))
         f.write(head)
         for name in names:
-            t = tensors[name].detach()
+            t = tensors[name].detach() if fetch is None else fetch(name, tensors[name])
             if t.device.type != "cpu":
                 t = t.to("cpu")
             if t.dtype != stored[name]:
@@ -110,15 +112,20 @@ def write_safetensors(path: Path, tensors: dict[str, torch.Tensor], dtype: torch
 
 
 def write_weights(directory: Path, model, replace: dict[str, torch.Tensor] | None = None,
-                  dtype: torch.dtype | None = None, shard_bytes: int = SHARD_BYTES) -> list[str]:
+                  dtype: torch.dtype | None = None, shard_bytes: int = SHARD_BYTES, fetch=None,
+                  layout: dict[str, torch.Tensor] | None = None) -> list[str]:
     """Write ``model``'s weights (``replace`` substituted) and its config into ``directory`` as
     ``save_pretrained`` lays them out, tensor by tensor; return the weight files' names. ``dtype``: the
-    floating-point dtype stored (None: each tensor's own)."""
+    floating-point dtype stored (None: each tensor's own). ``fetch``: as in ``write_safetensors``, with ``layout``: the
+    tensors' names, shapes and dtypes (``saved_tensors`` of the model taken while it had its weights: a
+    ``meta`` model cannot tell tied tensors apart)."""
     from evolm.models import quiet_transformers
 
     quiet_transformers()
     directory = Path(directory)
-    tensors = saved_tensors(model, replace)
+    tensors = dict(layout) if layout is not None else saved_tensors(model, replace)
+    if tensors is None and fetch is not None:
+        raise ValueError("a model that converts tensors on saving cannot be written from fetched tensors")
     if tensors is None:  # a model that converts tensors on saving: transformers writes it
         state = model.state_dict()
         state.update({k: v.detach() for k, v in (replace or {}).items() if k in state})
@@ -150,12 +157,12 @@ def write_weights(directory: Path, model, replace: dict[str, torch.Tensor] | Non
     shards.append(current)
     meta = {"format": "pt"}
     if len(shards) == 1:
-        write_safetensors(directory / "model.safetensors", shards[0], dtype, meta)
+        write_safetensors(directory / "model.safetensors", shards[0], dtype, meta, fetch)
         return ["model.safetensors"]
     files, weight_map = [], {}
     for k, shard in enumerate(shards, 1):
         fname = f"model-{k:05d}-of-{len(shards):05d}.safetensors"
-        write_safetensors(directory / fname, shard, dtype, meta)
+        write_safetensors(directory / fname, shard, dtype, meta, fetch)
         files.append(fname)
         weight_map.update({name: fname for name in shard})
     total = sum(nbytes(t) for t in tensors.values())
@@ -164,9 +171,10 @@ def write_weights(directory: Path, model, replace: dict[str, torch.Tensor] | Non
     return files
 
 
-def write_named(path: Path, named: dict[str, torch.Tensor], dtype: torch.dtype | None = torch.float32) -> None:
+def write_named(path: Path, named: dict[str, torch.Tensor], dtype: torch.dtype | None = torch.float32,
+                fetch=None) -> None:
     """A plain safetensors file of ``named`` tensors (``masters.safetensors``), one tensor at a time."""
-    write_safetensors(Path(path), named, dtype, {"format": "pt"})
+    write_safetensors(Path(path), named, dtype, {"format": "pt"}, fetch)
 
 
 @dataclass
@@ -178,6 +186,12 @@ class ModelWeights:
     model: object
     replace: dict[str, torch.Tensor] = field(default_factory=dict)
     dtype: torch.dtype | None = None
+    fetch: object = None
+    """``fetch(name, tensor)``: the stored tensor's values when the model holds only shapes (``meta``; the
+    weights live in Ray actors, ``es/ray_population.py``); each is checked finite as it arrives."""
+    layout: dict | None = None
+    """With ``fetch``: the stored tensors' names, shapes and dtypes (``meta`` tensors), taken before the
+    weights left."""
 
     def named_tensors(self):
         """``(name, tensor)`` of every parameter as it will be stored (replacements included)."""

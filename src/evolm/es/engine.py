@@ -347,12 +347,12 @@ def train(cfg, comps, run: RunDir, start, params: ParamSet, *, probe: Callable |
         params.replay_shadow([r for r in run.seed_log() if "iteration" in r and int(r["step"]) <= start.step])
     generator.sync_weights()
     path = params.perturb_path  # builds the fused kernel now (announced), so no timed record or ETA includes it
+    layout = member_layout(es.estimator, es.population)
+    if start.step == 0 and not run.seed_log():  # before the population: Ray actors may take the driver's weights
+        run.log_seed(run_header(params, cfg, layout))
     population = (population_factory or make_population)(cfg, params, generator, task)
     if start.step and hasattr(population, "resume_from"):  # e.g. generation.verify="auto" that turned itself off
         population.resume_from(run.metrics())
-    layout = member_layout(es.estimator, es.population)
-    if start.step == 0 and not run.seed_log():
-        run.log_seed(run_header(params, cfg, layout))
     say(f"[evolm] ES on {cfg.model.spec}: {len(params.names)} tensors, {params.numel:,} parameters, "
         f"N={es.population} ({es.estimator}), sigma={es.sigma}, lr={es.lr}, noise={es.noise}, perturb={path}, "
         f"perturbation={es.perturbation}{f' (rank {es.rank})' if es.perturbation == 'lowrank' else ''}; run dir {run.path}")
@@ -376,8 +376,11 @@ def train(cfg, comps, run: RunDir, start, params: ParamSet, *, probe: Callable |
             if probe is not None and cfg.probe.every and step % cfg.probe.every == 0 and not last:
                 run.log_metrics(probe_record(probe, model, step, METHOD))
             if cfg.run.checkpoints and step % cfg.run.checkpoint_every == 0 and not last:
-                ckpt = run.save_checkpoint(float32_model(model, params), step, {"method": METHOD, **totals},
-                                           keep=cfg.run.keep_checkpoints, write_extra=lambda tmp: save_masters(params, tmp))
+                remote = getattr(population, "remote_weights", lambda: None)()  # Ray actors hold the only weights
+                ckpt = run.save_checkpoint(remote or float32_model(model, params), step, {"method": METHOD, **totals},
+                                           keep=cfg.run.keep_checkpoints,
+                                           write_extra=population.save_masters if remote is not None
+                                           else lambda tmp: save_masters(params, tmp))
                 population.checkpointed(ckpt, step)
             for cb in callbacks:
                 cb(step, record)
@@ -385,8 +388,10 @@ def train(cfg, comps, run: RunDir, start, params: ParamSet, *, probe: Callable |
     finally:
         if bar is not None:
             bar.close()
-        population.close()
-    return TrainResult(steps=step, final_model=float32_model(model, params), totals=totals)
+        if not getattr(population, "outlives_train", False):  # Ray actors that evaluate after training: the caller's
+            population.close()
+    remote = getattr(population, "remote_weights", lambda: None)()  # read from an actor by finish_run's save
+    return TrainResult(steps=step, final_model=remote or float32_model(model, params), totals=totals)
 
 
 def check_scored(task: Task, scores, members: int, step: int) -> None:
@@ -403,6 +408,7 @@ def _iteration(cfg, run: RunDir, population, task, tokenizer, generator, layout,
     t_start = time.perf_counter()
     examples, prompts = training_batch(task, tokenizer, cfg.run.seed, iteration, es.prompts_per_iteration)
     sampling = SamplingParams(seed=seed31(cfg.run.seed, "sampling", iteration), **sampling_base)
+    since = getattr(population, "last_fitness_at", None) or t_start  # Ray actors: the driver's time between members
     scores = population.score(iteration, layout, es.sigma, examples, prompts, sampling,
                               on_member=(lambda: bar.update(1)) if bar is not None else None)
     check_scored(task, scores, len(layout), iteration + 1)
@@ -417,14 +423,20 @@ def _iteration(cfg, run: RunDir, population, task, tokenizer, generator, layout,
              "update_norm_coef": float(math.sqrt(sum(c * c for c in update.coefficients))) * update.scale,
              "seconds_generate": scores.seconds["generate"], "seconds_perturb": scores.seconds["perturb"],
              "seconds_restore": scores.seconds["restore"], "seconds_update": seconds_update, **scores.extra, **errors}
+    if getattr(population, "first_member_at", None) is not None:  # from the last fitness before to the first member
+        extra["driver_seconds"] = population.first_member_at - since
     if update.message:
         extra["message"] = update.message
         if not quiet:
             (bar.write if bar is not None else print)(f"[evolm] update {step}: {update.message}")
     if es.eval_center_every and step % es.eval_center_every == 0:
-        population.sync()
+        where = generator.generate
+        if getattr(population, "evaluates", False):  # on an actor (its weights are the centre's), as one call
+            where = population.generate
+        else:
+            population.sync()
         t0 = time.perf_counter()
-        extra["center_reward"], _, _ = score_completions(task, examples, generator.generate(prompts, sampling), prompts)
+        extra["center_reward"], _, _ = score_completions(task, examples, where(prompts, sampling), prompts)
         extra["seconds_center"] = time.perf_counter() - t0
     seconds = time.perf_counter() - t_start
     totals["seconds_total"] += seconds

@@ -20,14 +20,38 @@ Design decisions:
   on which actor scored which member.
 - **Dynamic scheduling.** Every actor holds at most one member; ``ray.wait`` returns the first
   finished one and that actor takes the next unscored member. Fitnesses are stored by member index.
-- **The driver keeps the seed log, and a copy it brings up to date only when it reads it.** An update
-  goes to the actors and is queued on the driver's ``ParamSet`` (``defer_update``), so an iteration
-  costs the actors' in-place step, not a CPU pass over the driver's copy beside them. Before the
-  driver's weights are read — checkpoints, probes, ``es.eval_center_every``, ``final/`` and held-out
-  evaluation at the end — the engine calls ``sync``, which applies the queue in order (the same
+- **The driver keeps the record, the actors keep the weights (HF actors).** Once the actors are up and agree
+  (checksums, actor 0's the reference), ``free_driver`` moves the driver's model, the ParamSet's tensors
+  and its masters to the ``meta`` device (``jobs.run_es`` asks for it unless a probe function was handed in,
+  which may read the model): no replica on the driver, only the seed log, the noise and the shapes.
+  Checkpoints, ``masters.safetensors`` and ``final/`` are written by the driver from one actor's tensors
+  (the live actor with the lowest id), fetched tensor by tensor in pieces of at most ``PIECE_BYTES``
+  (``Replica.piece``) and streamed into the files by ``evolm.streamsave`` (``fetch``; the names, shapes and
+  tied aliases were taken from the real model before it left), so the files are byte for byte a
+  one-process run's (tested, float32 and bfloat16 with masters). The seed log header is written before the
+  population starts. If every actor dies during an update the run stops (resume it).
+- **Otherwise (vLLM actors, a probe handed in) the driver keeps a copy it brings up to date only when it
+  reads it.** An update goes to the actors and is queued on the driver's ``ParamSet`` (``defer_update``),
+  so an iteration costs the actors' in-place step, not a CPU pass over the driver's copy beside them.
+  Before the driver's weights are read — checkpoints, probes, ``es.eval_center_every``, ``final/`` and
+  held-out evaluation at the end — the engine calls ``sync``, which applies the queue in order (the same
   arithmetic as applying each update when it came, so bit-identical) and checks the result against the
   actors' checksums. Cost: one model's memory in the driver (for SmolLM2-135M on CPU ~0.7 GB), and the
   catch-up at those points.
+- **Evaluation where the weights are (HF actors).** ``jobs.run_es`` makes the run's held-out generator an
+  ``ActorsOrDriver``, which the population is attached to once its actors are up: held-out evaluation after
+  training, probes and the centre's score (``es.eval_center_every``) run on the actors' unperturbed replicas
+  (``Replica.generate``, under ``heldout.isolated`` as on the driver). ``evaluate`` hands an evaluation's
+  generator calls to ``generate_many`` all at once; each call goes whole to the first free actor, with the
+  batch and the per-call seed (``seeding.ids_seed`` of its problems' ids) it has in one process, so the
+  tables are bit-identical to a one-process run's (tested: 2 actors, before/after tables, probes, centre).
+  The population then outlives ``engine.train`` and ``jobs.run_es`` closes it after ``finish_run``. The
+  evaluation before training still runs on the driver (the actors start inside ``engine.train``); vLLM
+  actors leave every evaluation to the driver's HF copy (their engines would give other samples).
+- **The driver's time is measured.** Each update's metrics record holds ``driver_seconds``: the wall time
+  from the previous update's last fitness (the iteration's start for the first update of a process) to this
+  update's first member being sent, i.e. everything the actors wait on the driver for: the update's
+  arithmetic, sending it and waiting for the actors' checksums, logging, probes and checkpoints between.
 - **Replicas stay bit-identical, checked on their device.** After loading and after every applied update
   each actor returns ``checksum.tensor_checksum`` per selected tensor (the float32 masters first when
   generation runs in lower precision, then the weights generation reads): an integer reduction of the
@@ -55,10 +79,15 @@ Design decisions:
 - **Faults.** An actor that dies (process killed, Ray's memory monitor, node lost; at start-up too,
   unless its own ``__init__`` raised, which is a setup error and stops the run) is replaced, up to
   ``distributed.max_restarts`` times per run, and its unfinished member goes back to the queue; past
-  the budget it is dropped and the others carry on. A replacement never receives weights: it loads
-  the same spec, or the newest checkpoint the driver wrote, and replays the updates applied since
-  (the seed log's coefficients and scales, kept in memory), then must report the driver's checksums
-  before it takes work. Before an update is sent, replacements still loading are waited for, so every
+  the budget it is dropped and the others carry on. A replacement of an HF actor loads the same spec
+  (or checkpoint) and then receives a live actor's selected tensors and float32 masters, a piece of at
+  most ``PIECE_BYTES`` at a time from actor to actor through Ray's object store (``_copy_weights``; the
+  driver waits meanwhile, one piece in flight, which it also reads to learn the source is alive), so it
+  replays nothing. A vLLM actor's replacement (or one with no live actor to copy) loads the same spec, or
+  the newest checkpoint the driver wrote, and replays the updates applied since (the seed log's
+  coefficients and scales, kept in memory): vLLM actors still load twice (an HF copy, then the engine).
+  Either way it must report the other actors' checksums before it takes work; the records count
+  ``ray_copied`` and ``ray_replayed`` (updates replayed by replacements). Before an update is sent, replacements still loading are waited for, so every
   live actor receives every update.
 - **Where the actors' weights come from.** The model spec (``model.spec``) when the engine loaded the
   model from it; the resumed checkpoint on ``--resume``; and for a model handed to ``run_es`` in
@@ -109,7 +138,7 @@ from typing import Any, Callable
 import torch
 
 from evolm import models
-from evolm.backends import engine_options, make_generator
+from evolm.backends import engine_options, heldout_backend, make_generator
 from evolm.errors import UserError
 from evolm.es import fused
 from evolm.checksum import tensor_checksum
@@ -126,6 +155,9 @@ WORKER_NICENESS = 0
 scoring, with the CPU the other jobs did not want (measured here: ~5% of a core beside two busy
 processes); an existing cluster keeps its own setting."""
 
+
+PIECE_BYTES = 64 * 1024 * 1024
+"""The most bytes of one tensor the driver fetches from an actor per call when it saves weights it does not hold."""
 
 CLOSE_SECONDS = 60.0
 """How long ``RayPopulation.close`` waits for the actors to close their generators before killing them."""
@@ -307,6 +339,7 @@ class Replica:
         generator = make_generator(g.backend, model, tokenizer, g.batch_size, g.prefix_cache,
                                    **{**engine_options(cfg), "threads": recipe.threads})
         self.generator = generator
+        self.model = model
         try:
             params = build_paramset(model, cfg, recipe.header, generator)  # vLLM: perturbs inside the engine
             if recipe.checkpoint:
@@ -337,6 +370,49 @@ class Replica:
         """Apply the update to this replica; whether the weights took it (non-finite: refused) and the checksums."""
         done = self.population.apply_update(iteration, Update(coefficients, scale, "applied"))
         return {"applied": done.applies, "checksum": weights_checksum(self.population.params)}
+
+    def piece(self, kind: str, name: str, start: int, stop: int) -> torch.Tensor:
+        """Elements ``start:stop`` of one stored tensor, flattened, on the CPU: ``kind`` "weights" (what a save
+        writes under ``name``: the float32 master in place of a lower-precision tensor) or "master"
+        (``masters.safetensors``). The driver assembles a checkpoint or ``final/`` from these, a bounded
+        piece at a time (``RayPopulation.fetch``)."""
+        params = self.population.params
+        if kind == "master":
+            tensor = dict(zip(params.names, params.masters or []))[name]
+        elif kind == "tensor":  # a selected tensor as generation reads it (a replacement copies these and the masters)
+            tensor = params.tensors[params.names.index(name)]
+        else:
+            from evolm.streamsave import ModelWeights, saved_tensors
+
+            weights = float32_model(self.model, params)
+            weights = weights if isinstance(weights, ModelWeights) else ModelWeights(weights)
+            tensor = saved_tensors(weights.model, weights.replace)[name]
+        return tensor.detach().reshape(-1)[start:stop].to("cpu", copy=True)
+
+    def loaded(self) -> bool:
+        """Whether ``__init__`` finished (a replacement that copies a live actor's weights is then sent them)."""
+        return True
+
+    def put_piece(self, kind: str, name: str, start: int, values: torch.Tensor) -> int:
+        """Write a piece another actor's ``piece`` returned ("tensor" or "master") into this replica."""
+        params = self.population.params
+        k = params.names.index(name)
+        target = params.masters[k] if kind == "master" else params.tensors[k]
+        target.view(-1)[start:start + values.numel()].copy_(values.to(target.dtype))
+        return values.numel()
+
+    def copied(self) -> dict:
+        """After the pieces: the generator sees the new weights; what ``ready`` reports."""
+        self.generator.sync_weights()
+        return self.ready()
+
+    def generate(self, prompts: list[str], sampling) -> list:
+        """Completions of the replica's current (unperturbed) weights: one generator call of an evaluation
+        (held-out, probe, the centre's score), measured as ``heldout.isolated`` measures on the driver."""
+        from evolm.heldout import isolated
+
+        with isolated(self.model):
+            return self.generator.generate(prompts, sampling)
 
     def close(self) -> None:
         """Release the generator (a vLLM engine's processes) before the actor is killed."""
@@ -541,12 +617,28 @@ class RayPopulation:
         self.placement = placement = placement or reserve(cfg, say)
         threads = placement.threads
         self._names = checksum_names(params)
+        self._evaluates = cfg.generation.backend == "hf" and heldout_backend(cfg) == "hf"
+        self.outlives_train = False  # True: jobs.run_es closes it, after the evaluation after training (on the actors)
         uses_fused = cfg.model.device == "cpu" and fused.kernel() is not None  # built here, before any actor
         self._recipe = ReplicaRecipe(cfg=cfg, spec=spec, checkpoint=checkpoint, header=header, task=task,
                                      threads=0 if placement.auto else threads, fused=uses_fused)
         self._replay: list[tuple[int, list[float], float]] = []
         self._checksum = weights_checksum(params)
         self._restarts_left = dist.max_restarts
+        self.remote = False
+        self.replayed = 0
+        """Updates replacements replayed (from the spec or the newest checkpoint) so far."""
+        self.copied = 0
+        """Replacements that copied a live actor's weights instead of replaying."""
+        self._copying: set[int] = set()
+        """True once ``free_driver`` dropped the driver's weights: saves fetch them from an actor."""
+        self._model = None
+        self._layout: dict[str, torch.Tensor] = {}
+        self._master_layout: dict[str, torch.Tensor] | None = None
+        self.first_member_at: float | None = None
+        """When ``score`` sent its first member (``time.perf_counter``); with ``last_fitness_at``, when its last
+        fitness came back, the engine measures ``driver_seconds``."""
+        self.last_fitness_at: float | None = None
         self.restarts = 0
         self._next_id = 0
         self._info: dict[int, dict] = {}
@@ -571,17 +663,53 @@ class RayPopulation:
 
     # -- actors ------------------------------------------------------------------------------------
     def _start(self) -> None:
-        """Start an actor at the driver's current weights (spec or checkpoint + replay); returns at once."""
+        """Start an actor at the driver's current weights; returns at once. At start-up and for vLLM actors: spec
+        or checkpoint + replay of the updates since; a replacement of an HF actor while another lives: the spec,
+        then the live actor's selected tensors (and masters) copied in (``_copy_weights``), no replay."""
         aid = self._next_id
         self._next_id += 1
-        recipe = replace(self._recipe, replay=list(self._replay))
+        copy = not self._initial and self._evaluates and bool(self._actors)
+        recipe = replace(self._recipe, replay=[] if copy else list(self._replay))
         handle = self._actor_class.remote(recipe)
-        self._starting[handle.ready.remote()] = (aid, handle, list(self._checksum))
+        if copy:
+            self._copying.add(aid)
+            self._starting[handle.loaded.remote()] = (aid, handle, list(self._checksum))
+        else:
+            self.replayed += len(self._replay)
+            self._starting[handle.ready.remote()] = (aid, handle, list(self._checksum))
+
+    def _copy_weights(self, handle) -> dict:
+        """Copy a live actor's selected tensors and masters into the new actor ``handle``, a piece of at most
+        ``PIECE_BYTES`` at a time through Ray's object store (each piece goes from actor to actor; one in flight,
+        the driver waits); returns the new actor's ``ready`` answer, checked by the caller."""
+        params = self.params
+        kinds = [("tensor", params.tensors)] + ([("master", params.masters)] if params.masters is not None else [])
+        for kind, tensors in kinds:
+            for name, like in zip(params.names, tensors):
+                numel, start = like.numel(), 0
+                step = max(1, PIECE_BYTES // max(4, like.element_size()))
+                while start < numel:
+                    if not self._actors:
+                        raise DistributedError("no live Ray actor to copy the weights from; continue with evolm es --resume RUN_DIR")
+                    source_id = min(self._actors)
+                    source = self._actors[source_id]
+                    piece = source.piece.remote(kind, name, start, min(numel, start + step))
+                    try:
+                        self.ray.get(piece)
+                    except self._died as e:  # the source died: another live actor is the source
+                        self._on_death(source_id, source, e)
+                        continue
+                    start += self.ray.get(handle.put_piece.remote(kind, name, start, piece))
+        return self.ray.get(handle.copied.remote())
 
     def _on_started(self, future) -> int | None:
         aid, handle, expected = self._starting.pop(future)
         try:
             info = self.ray.get(future)
+            if aid in self._copying:
+                self._copying.discard(aid)
+                info = self._copy_weights(handle)
+                self.copied += 1
         except self._died as e:
             self._on_death(aid, handle, e)
             return None
@@ -644,6 +772,7 @@ class RayPopulation:
         idle = deque(sorted(self._actors))
         per_actor: dict[int, int] = {}
         rescored = 0
+        self.first_member_at = None
         while todo or busy:
             while idle and todo:
                 aid = idle.popleft()
@@ -652,6 +781,8 @@ class RayPopulation:
                 member = todo.popleft()
                 direction, sign = layout[member]
                 busy[self._actors[aid].score.remote(iteration, direction, sign, sigma, batch)] = (aid, member)
+                if self.first_member_at is None:
+                    self.first_member_at = time.perf_counter()
             if not busy and not self._starting:
                 raise DistributedError("no Ray actor is left to score the population; continue with evolm es --resume RUN_DIR")
             done, _ = ray.wait(list(busy) + list(self._starting), num_returns=1)
@@ -680,13 +811,139 @@ class RayPopulation:
             out.gen_tokens += result["gen_tokens"]
             per_actor[aid] = per_actor.get(aid, 0) + 1
             idle.append(aid)
+            self.last_fitness_at = time.perf_counter()
             if on_member:
                 on_member()
         out.extra = {"ray_actors": len(self._actors), "ray_restarts": self.restarts, "ray_rescored": rescored,
+                     "ray_replayed": self.replayed, "ray_copied": self.copied,
                      "ray_members": {str(a): n for a, n in sorted(per_actor.items())},
                      "ray_nodes": len({self._info.get(a, {}).get("node") for a in self._actors}),
                      "ray_threads": _one_or_all({self._info.get(a, {}).get("threads") for a in self._actors} - {None})}
         return out
+
+    # -- the driver keeps the record, the actors keep the weights -------------------------------------
+    def free_driver(self, model) -> bool:
+        """Drop the driver's weights (``model`` and the ParamSet's tensors and masters go to the ``meta``
+        device; the noise and the selection stay): from here on the actors hold the only replicas, saves
+        fetch them from one (``remote_weights``, ``save_masters``) and ``sync`` has nothing to do. Only with
+        actors that evaluate (the driver's copy is then never read). False, keeping the copy, for a model
+        whose classes convert tensors on saving (streamed saves cannot write it)."""
+        from evolm.streamsave import saved_tensors
+
+        params = self.params
+        if not self._evaluates or getattr(params, "masters_elsewhere", False):
+            return False
+        if params.deferred:
+            self.sync()
+        saved = saved_tensors(model)
+        if saved is None:
+            return False
+        self._layout = {n: torch.empty(t.shape, dtype=t.dtype, device="meta") for n, t in saved.items()}
+        if params.masters is not None:
+            self._master_layout = {n: torch.empty(m.shape, dtype=torch.float32, device="meta")
+                                   for n, m in zip(params.names, params.masters)}
+        del saved
+        self._save_dtype = torch.float32 if params.masters is not None else None
+        model.to("meta")
+        named = dict(model.named_parameters(remove_duplicate=False))
+        params.tensors = [named[n].data for n in params.names]
+        if params.masters is not None:
+            params.masters = [torch.empty_like(m, device="meta") for m in params.masters]
+        self._model, self.remote = model, True
+        return True
+
+    def remote_weights(self):
+        """What a save writes when the driver holds no weights (``free_driver``): a ``streamsave.ModelWeights``
+        whose tensors are fetched from an actor one at a time, in pieces of at most ``PIECE_BYTES``; None while
+        the driver holds its copy (then ``engine.float32_model`` of it)."""
+        if not self.remote:
+            return None
+        from evolm.streamsave import ModelWeights
+
+        return ModelWeights(self._model, {}, self._save_dtype, fetch=lambda name, like: self.fetch("weights", name, like),
+                            layout=self._layout)
+
+    def save_masters(self, directory: Path) -> None:
+        """A checkpoint's ``masters.safetensors``, fetched from an actor (driver without weights)."""
+        if self._master_layout is not None:
+            from evolm.streamsave import write_named
+
+            write_named(Path(directory) / "masters.safetensors", self._master_layout,
+                        fetch=lambda name, like: self.fetch("master", name, like))
+
+    def fetch(self, kind: str, name: str, like: torch.Tensor) -> torch.Tensor:
+        """One stored tensor (``Replica.piece``) from the live actor with the lowest id, ``PIECE_BYTES`` at a
+        time (another actor takes over if it dies); refused (RuntimeError) if it holds inf or NaN, as
+        ``runs.check_finite`` refuses a local save."""
+        numel = like.numel()
+        step = max(1, PIECE_BYTES // max(4, like.element_size()))
+        flat, start = None, 0
+        while flat is None or start < numel:
+            self._settle_starting()
+            if not self._actors:
+                raise DistributedError("no Ray actor is left to read the weights from; continue with evolm es --resume RUN_DIR")
+            aid = min(self._actors)
+            handle = self._actors[aid]
+            try:
+                piece = self.ray.get(handle.piece.remote(kind, name, start, min(numel, start + step)))
+            except self._died as e:
+                self._on_death(aid, handle, e)
+                continue
+            if flat is None:
+                flat = torch.empty(numel, dtype=piece.dtype)
+            flat[start:start + piece.numel()] = piece
+            start += piece.numel()
+        if flat.is_floating_point() and not bool(torch.isfinite(flat).all()):
+            raise RuntimeError(f"refusing to save non-finite weights ({name} holds inf or NaN)")
+        return flat.view(like.shape)
+
+    # -- evaluation where the weights are ------------------------------------------------------------
+    @property
+    def evaluates(self) -> bool:
+        """Whether the actors take the driver's evaluations (held-out, probes, the centre's score): HF actors,
+        whose generator is the one the driver would evaluate with (vLLM actors: the driver's HF copy does)."""
+        return self._evaluates
+
+    def generate(self, prompts: list[str], sampling) -> list:
+        """One generator call on one actor (the whole call: its batch is the one-process batch)."""
+        out: list = []
+        self.generate_many([(prompts, sampling)], lambda index, result: out.append(result))
+        return out[0]
+
+    def generate_many(self, calls: list, done: Callable[[int, list], None]) -> None:
+        """Run generator ``calls`` ``[(prompts, sampling), ...]`` on the actors, each whole on one actor (its
+        batch and seed as in one process, so the same completions bit for bit), the next call to the first
+        actor free; ``done(index, completions)`` as each returns. A call whose actor dies goes to another."""
+        ray = self.ray
+        self._settle_starting()
+        todo = deque(range(len(calls)))
+        busy: dict[Any, tuple[int, int]] = {}
+        idle = deque(sorted(self._actors))
+        while todo or busy:
+            while idle and todo:
+                aid = idle.popleft()
+                if aid not in self._actors:
+                    continue
+                index = todo.popleft()
+                busy[self._actors[aid].generate.remote(*calls[index])] = (aid, index)
+            if not busy and not self._starting:
+                raise DistributedError("no Ray actor is left to evaluate; continue with evolm es --resume RUN_DIR")
+            ready, _ = ray.wait(list(busy) + list(self._starting), num_returns=1)
+            future = ready[0]
+            if future in self._starting:
+                aid = self._on_started(future)
+                if aid is not None:
+                    idle.append(aid)
+                continue
+            aid, index = busy.pop(future)
+            try:
+                result = ray.get(future)
+            except self._died as e:
+                self._on_death(aid, self._actors.get(aid), e)
+                todo.appendleft(index)
+                continue
+            done(index, result)
+            idle.append(aid)
 
     def apply_update(self, iteration: int, update):
         """Apply ``update`` on every replica and queue it for the driver's copy (``sync``); returns it, or it
@@ -713,13 +970,16 @@ class RayPopulation:
                     raise DistributedError(f"Ray actor {aid} {'refused' if applied else 'applied'} update {iteration + 1} "
                                            f"and Ray actor {answers[0][0]} did not: the replicas differ")
                 self._check(aid, got["checksum"], reference, f"after update {iteration + 1}")
+        elif self.remote:
+            raise DistributedError(f"every Ray actor died during update {iteration + 1} and the driver holds no weights; "
+                                   "continue the run with evolm es --resume RUN_DIR")
         else:  # nobody answered: the driver's own copy decides
             self.params.catch_up()
             applied = self.params.apply_update(iteration, coefficients, scale)
             self.generator.sync_weights()
             reference = weights_checksum(self.params)
         if applied:
-            if answers:
+            if answers and not self.remote:
                 self.params.defer_update(iteration, coefficients, scale)
             self._replay.append((iteration, coefficients, scale))
         self._checksum = list(reference)
@@ -729,8 +989,9 @@ class RayPopulation:
 
     def sync(self) -> None:
         """Bring the driver's copy up to date (the queued updates, in order) before its weights are read,
-        and check it against the replicas' checksums: a driver that replays differently stops the run."""
-        if not self.params.catch_up():
+        and check it against the replicas' checksums: a driver that replays differently stops the run. Nothing to
+        do once the driver holds no weights (``free_driver``)."""
+        if self.remote or not self.params.catch_up():
             return
         self.generator.sync_weights()
         bad = first_mismatch(self._names, self._checksum, weights_checksum(self.params))
@@ -766,14 +1027,48 @@ class RayPopulation:
             self._cleanup = None
 
 
+class ActorsOrDriver:
+    """The generator of the driver's evaluations in an actor layout (``jobs.run_es`` makes it the run's
+    held-out generator, so held-out evaluation and probes use it): while a population whose actors evaluate
+    (``RayPopulation.evaluates``) is attached, each generator call runs on an actor and an evaluation's calls
+    run side by side (``generate_many``); otherwise (before the actors start, vLLM actors) the driver's own
+    generator answers. Anything else is the driver generator's."""
+
+    def __init__(self, driver):
+        self.driver = driver
+        self.population: RayPopulation | None = None
+
+    def __getattr__(self, name):
+        return getattr(self.driver, name)
+
+    def _actors(self) -> RayPopulation | None:
+        pop = self.population
+        return pop if pop is not None and pop.evaluates and (pop._actors or pop._starting) else None
+
+    def generate(self, prompts: list[str], params) -> list:
+        pop = self._actors()
+        return pop.generate(prompts, params) if pop is not None else self.driver.generate(prompts, params)
+
+    def generate_many(self, calls: list, done: Callable[[int, list], None]) -> None:
+        pop = self._actors()
+        if pop is not None:
+            return pop.generate_many(calls, done)
+        for index, (prompts, params) in enumerate(calls):
+            done(index, self.driver.generate(prompts, params))
+
+
 def factory(comps, run, *, checkpoint: Path | None = None, header: dict | None = None, injected: bool = False,
-            placement: Placement | None = None, say: Callable[..., None] = print) -> Callable:
+            placement: Placement | None = None, evaluator: ActorsOrDriver | None = None, free: bool = False,
+            say: Callable[..., None] = print) -> Callable:
     """The population factory ``engine.train`` calls as ``factory(cfg, params, generator, task)``.
 
     ``checkpoint``: the checkpoint the driver resumed from; ``header``: the resumed run's seed-log
     header; ``injected``: the model was handed to ``run_es`` in memory, so the actors load a copy the
     driver writes to ``<run>/replica_init/`` (after the checkpoint, if any, was loaded into it); ``placement``: the
-    actors' reserved resources (``reserve``), released by the caller."""
+    actors' reserved resources (``reserve``), released by the caller; ``evaluator``: the run's
+    held-out generator, which the population is attached to (the caller then closes the population, after the
+    evaluation after training, instead of ``engine.train``); ``free``: with ``evaluator``, the driver then
+    drops its weights once the actors are up (``RayPopulation.free_driver``; nothing may read them after)."""
 
     def make(cfg, params, generator, task) -> RayPopulation:
         _import_ray(cfg.distributed.workers)
@@ -787,7 +1082,13 @@ def factory(comps, run, *, checkpoint: Path | None = None, header: dict | None =
             save_masters(params, target)
             spec = source = str(target)
             cleanup = target
-        return RayPopulation(cfg, params, generator, task, spec=spec, checkpoint=source, header=header, cleanup=cleanup,
-                             placement=placement, say=say)
+        population = RayPopulation(cfg, params, generator, task, spec=spec, checkpoint=source, header=header,
+                                   cleanup=cleanup, placement=placement, say=say)
+        if evaluator is not None:
+            evaluator.population = population
+            population.outlives_train = True
+            if free and population.free_driver(comps.model):
+                say("[evolm] the driver holds no weights now: the actors do, and checkpoints and final/ are read from one")
+        return population
 
     return make
