@@ -167,10 +167,11 @@ class VLLMGenerator(Generator):
 
     def __init__(self, model, tokenizer, *, threads: int = 1, kv_cache_gb: float = 1.0, enforce_eager: bool = False,
                  max_model_len: int = 2048, gpu_memory_utilization: float = 0.9, seed: int = 0, quiet: bool = True,
-                 lora_slots: int = 0, lora_rank: int = 0):
+                 lora_slots: int = 0, lora_rank: int = 0, tensor_parallel_size: int = 1):
         """``lora_slots``, ``lora_rank``: start the engine with multi-LoRA for low-rank ES members
         (``evolm.es.lora_population``): up to ``lora_slots`` adapters in one batch, each of rank ``lora_rank``
-        (0: no LoRA, the engine vLLM starts by default)."""
+        (0: no LoRA, the engine vLLM starts by default). ``tensor_parallel_size``: vLLM's; only 1 is supported
+        (the job config refuses more; ``evolm.shards`` holds the shard mapping a TP engine would need)."""
         from evolm.errors import UserError
 
         if not vllm_available():
@@ -225,6 +226,7 @@ class VLLMGenerator(Generator):
             self.llm = LLM(model=str(source), tokenizer=str(source), dtype=dtype, seed=seed,
                            enforce_eager=enforce_eager, max_model_len=max_model_len, enable_prefix_caching=True,
                            kv_cache_memory_bytes=int(kv_cache_gb * (1 << 30)) if kv_cache_gb else None,
+                           tensor_parallel_size=int(tensor_parallel_size),
                            worker_extension_cls=f"{WORKER}.ESWorkerExtension", **extra)
         finally:
             _engine_starting = False
