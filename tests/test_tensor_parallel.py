@@ -98,3 +98,24 @@ def test_sharded_perturbation_equals_the_full_tensor_bit_for_bit(size):
     assert checked >= len(original) * size - size  # every selected tensor, every rank (a tied head counts once)
     params.restore()
     assert all(torch.equal(_bits(p.detach()), _bits(original[n])) for n, p in model.named_parameters())
+
+
+@pytest.mark.parametrize("sets, message", [
+    (["generation.vllm_tensor_parallel_size=0"], "vllm_tensor_parallel_size must be >= 1"),
+    (["generation.vllm_tensor_parallel_size=2"], "splits a vLLM engine; generation.backend='hf' has none"),
+    (["generation.vllm_tensor_parallel_size=2", "generation.backend='vllm'", "es.perturbation='lowrank'",
+      "es.params=['attention','mlp']"], "es.perturbation='lowrank' (LoRA members) is untested"),
+    (["generation.vllm_tensor_parallel_size=2", "generation.backend='vllm'", "distributed.workers=2"],
+     "distributed.workers=2 (Ray actors, one engine each) is untested"),
+    (["generation.vllm_tensor_parallel_size=2", "generation.backend='vllm'", "model.dtype='bfloat16'"],
+     "model.dtype='bfloat16' is untested"),
+    (["generation.vllm_tensor_parallel_size=2", "generation.backend='vllm'", "model.dtype='float32'"],
+     "tensor parallelism is not wired into the ES worker yet"),
+])
+def test_tensor_parallel_is_refused_in_one_line(sets, message):
+    from evolm import config
+    from evolm.errors import UserError
+
+    with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")) as e:
+        config.from_dict(config.ESJob, {}, ["model.device='cpu'", "distributed.workers=0", *sets])
+    assert "\n" not in str(e.value)
