@@ -119,3 +119,34 @@ def test_tensor_parallel_is_refused_in_one_line(sets, message):
     with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")) as e:
         config.from_dict(config.ESJob, {}, ["model.device='cpu'", "distributed.workers=0", *sets])
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("size", [2, 4])
+def test_paramset_over_shards_with_shard_noise_equals_the_full_model(size):
+    """What a TP worker runs: ``ParamSet.from_tensors`` over each rank's slices with ``ShardNoise`` (noise by
+    global index, torch ops) perturbs, restores and updates to the full model's bits (ParamSet with the
+    compiled kernel where it builds)."""
+    model = _model()
+    params = ParamSet(model, None)
+    params.noise = make_noise("counter", 11, params.layout)
+    specs = {n: shards.shard_spec(n, tuple(t.shape), HEAD_DIM) for n, t in zip(params.names, params.tensors)}
+    ranks = []
+    for rank in range(size):
+        maps = {i: shards.local_indices(specs[n], rank, size) for i, n in zip(params.indices, params.names)}
+        views = [shards.local_slice(t.detach(), specs[n], rank, size) for n, t in zip(params.names, params.tensors)]
+        ranks.append(ParamSet.from_tensors(shards.ShardNoise(11, maps), params.indices, params.names, views))
+
+    def agree():
+        for rank, ps in enumerate(ranks):
+            for n, full, local in zip(params.names, params.tensors, ps.tensors):
+                assert torch.equal(_bits(local), _bits(shards.local_slice(full.detach(), specs[n], rank, size))), (n, rank)
+
+    for ps in [params, *ranks]:
+        ps.perturb(2, 1, 1, 0.05)
+    agree()
+    for ps in [params, *ranks]:
+        ps.restore()
+    agree()
+    for ps in [params, *ranks]:
+        assert ps.apply_update(2, [0.5, -1.25, 0.0, 2.0], 1e-3)
+    agree()

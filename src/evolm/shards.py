@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from evolm.es.noise import counter_indices
+from evolm.es.noise import CounterNoise
 
 VOCAB_PADDING = 64
 """vLLM pads the embedding's vocabulary to a multiple of this (``DEFAULT_VOCAB_PADDING_SIZE``)."""
@@ -162,3 +162,47 @@ def perturb_shard(shard: torch.Tensor, noise, keys: tuple[int, int], indices: to
     flat = shard.view(-1)
     d = torch.mul(counter_noise_at(noise, keys, indices), float(factor))
     flat.add_(d)
+
+
+class ShardKeys(tuple):
+    """A (member, tensor)'s counter keys ``(k0, k1)`` with the full-tensor ``indices`` of a shard's elements."""
+
+    indices: torch.Tensor
+
+
+class ShardNoise(CounterNoise):
+    """Counter noise of TP shards: ``values(keys, start, count)`` of a shard are the full tensor's noise at
+    the global indices of shard elements ``start .. start + count - 1`` (``index_maps``: HF tensor index ->
+    ``local_indices``). ``ParamSet.from_tensors`` over the shard views then perturbs, restores and updates
+    with the torch ops (``kernels = False``), whose arithmetic the kernels share."""
+
+    kernels = False
+
+    def __init__(self, seed: int, index_maps: dict[int, torch.Tensor], device="cpu"):
+        super().__init__(seed, device)
+        self.index_maps = index_maps
+
+    def keys(self, iteration: int, direction: int, param_index: int) -> ShardKeys:
+        keys = ShardKeys(super().keys(iteration, direction, param_index))
+        keys.indices = self.index_maps[param_index]
+        return keys
+
+    def values(self, keys, start: int, count: int, out: torch.Tensor | None = None, kernel: bool = True) -> torch.Tensor:
+        indices = getattr(keys, "indices", None)
+        if indices is None:
+            return super().values(keys, start, count, out, kernel)
+        noise = counter_noise_at(_Full(self), tuple(keys), indices[start:start + count])
+        if out is None:
+            return noise
+        out[:count].copy_(noise)
+        return out[:count]
+
+
+class _Full:
+    """The full tensor's counter values of a ``ShardNoise`` (its base class's ``values``)."""
+
+    def __init__(self, noise: ShardNoise):
+        self.noise = noise
+
+    def values(self, keys, start, count, out=None):
+        return CounterNoise.values(self.noise, keys, start, count, out)
