@@ -109,12 +109,19 @@ def test_sharded_perturbation_equals_the_full_tensor_bit_for_bit(size):
      "distributed.workers=2 (Ray actors, one engine each) is untested"),
     (["generation.vllm_tensor_parallel_size=2", "generation.backend='vllm'", "model.dtype='bfloat16'"],
      "model.dtype='bfloat16' is untested"),
-    (["generation.vllm_tensor_parallel_size=2", "generation.backend='vllm'", "model.dtype='float32'"],
-     "tensor parallelism is not wired into the ES worker yet"),
+    (["generation.vllm_tensor_parallel_size=2", "generation.backend='vllm'", "model.dtype='float32'", "es.noise='table'"],
+     "es.noise='table': TP shards draw counter noise"),
+    (["generation.vllm_tensor_parallel_size=2", "generation.backend='vllm'", "model.dtype='float32'", "CUDA"],
+     "on CUDA is untested"),
 ])
-def test_tensor_parallel_is_refused_in_one_line(sets, message):
-    from evolm import config
+def test_tensor_parallel_is_refused_in_one_line(sets, message, monkeypatch):
+    from evolm import config, machine
     from evolm.errors import UserError
+
+    cuda = "CUDA" in sets
+    monkeypatch.setattr(machine, "cuda_available", lambda: cuda)
+    monkeypatch.setattr(machine, "cuda_free_fraction", lambda device="cuda": (60.0, 80.0))
+    sets = [s for s in sets if s != "CUDA"]
 
     with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")) as e:
         config.from_dict(config.ESJob, {}, ["model.device='cpu'", "distributed.workers=0", *sets])
@@ -150,3 +157,12 @@ def test_paramset_over_shards_with_shard_noise_equals_the_full_model(size):
     for ps in [params, *ranks]:
         assert ps.apply_update(2, [0.5, -1.25, 0.0, 2.0], 1e-3)
     agree()
+
+
+def test_tensor_parallel_two_on_the_cpu_validates(monkeypatch):
+    from evolm import config, machine
+
+    monkeypatch.setattr(machine, "cuda_available", lambda: False)
+    cfg = config.from_dict(config.ESJob, {}, ["model.device='cpu'", "distributed.workers=0", "model.dtype='float32'",
+                                              "generation.backend='vllm'", "generation.vllm_tensor_parallel_size=2"])
+    assert cfg.generation.vllm_tensor_parallel_size == 2

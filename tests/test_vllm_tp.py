@@ -63,7 +63,10 @@ def _run(path, tok, tp):
         assert ps.apply_update(0, [1.0, -0.5, 2.0], 1e-2)
         ps.catch_up()  # the driver's replay against every rank's checksums of its slices
         names = list(dict(model.named_parameters()))
-        answers, ranks = gen.rpc("es_local", names), [r for r, _ in gen.rpc("es_rank")]
+        from safetensors.torch import load_file
+
+        files, ranks = gen.rpc("es_local", names, str(path) + f".tp{tp}"), [r for r, _ in gen.rpc("es_rank")]
+        answers = [load_file(f) for f in files]
         weights = {}
         for name in names:
             full = dict(model.named_parameters())[name].detach()

@@ -210,7 +210,7 @@ class GenerationConfig:
     vllm_enforce_eager: bool = False
     """vllm: run the model eagerly instead of torch.compile'd (the engine starts in ~1 min instead of ~2-4 min on this project's CPU)."""
     vllm_tensor_parallel_size: int = 1
-    """vllm: GPUs (or CPU worker processes) one engine's weights are split over (vLLM's tensor_parallel_size). 1 is the only value that runs today: > 1 is refused in one line (docs/vllm.md, "Tensor parallelism"): evolm.shards maps each shard to its slice of the full Hugging Face tensor and its noise by global element index (tested on plain tensors), but no TP engine has run ES here."""
+    """vllm: worker processes (GPUs on CUDA) one engine's weights are split over (vLLM's tensor_parallel_size). Each rank perturbs its own slice with the counter noise of each element's index in the full Hugging Face tensor (evolm.shards), so members and updates equal a TP = 1 engine's bit for bit (tested at 2 on vLLM's CPU backend). > 1 is refused with the hf backend, es.perturbation = "lowrank", Ray actors (distributed.workers >= 2), a dtype other than float32, non-counter noise, and CUDA (untested); docs/vllm.md, "Tensor parallelism"."""
     vllm_gpu_memory_utilization: float | Literal["auto"] = "auto"
     """vllm on CUDA: fraction of the GPU's memory one engine may take (vLLM's gpu_memory_utilization; the KV cache's size stays vllm_kv_cache_gb); Ray actors sharing a GPU (distributed.gpus < 1) need at most their share. auto: 0.9 of the fraction torch.cuda.mem_get_info finds free (rounded down to 0.01, at most 0.9, at most distributed.gpus when actors share a GPU); without a GPU here 0.9, or the actors' share (ignored on CPU)."""
 
@@ -480,8 +480,13 @@ class ESJob:
                                    "set distributed.workers=0 or vllm_tensor_parallel_size=1")
             require(self.model.dtype == "float32", f"{t} with model.dtype='{self.model.dtype}' is untested (masters per "
                                                    "shard): set model.dtype='float32' or vllm_tensor_parallel_size=1")
-            require(False, f"{t}: tensor parallelism is not wired into the ES worker yet (evolm.shards maps the shards, "
-                           "tested on plain tensors only; no TP engine has run ES here, docs/vllm.md): set it to 1")
+            require(self.es.noise in ("counter", AUTO), f"{t} with es.noise='{self.es.noise}': TP shards draw counter "
+                                                       "noise by global element index; set es.noise='counter'")
+            from evolm import machine
+
+            require(not (self.model.device.startswith("cuda") or _vllm_on_cuda(self, machine)),
+                    f"{t} on CUDA is untested (tested on vLLM's CPU backend only, docs/vllm.md): set "
+                    "vllm_tensor_parallel_size=1")
         if g.backend == "vllm":  # vLLM stops a request at max_model_len where HF does not: rewards would depend on the backend
             require(g.max_new_tokens < g.vllm_max_model_len,
                     f"generation.max_new_tokens={g.max_new_tokens} leaves no room for a prompt in "

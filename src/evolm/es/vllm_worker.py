@@ -182,9 +182,14 @@ class ESWorkerExtension:
         """``[rank, size]`` of this worker's tensor-parallel group."""
         return list(self._es_tp)
 
-    def es_local(self, names: list[str]) -> dict[str, torch.Tensor]:
-        """Copies of this rank's slices of HF tensors ``names`` (tests reassemble the full tensors)."""
-        return {n: self._es_views[n].detach().cpu().clone() for n in names}
+    def es_local(self, names: list[str], path: str) -> str:
+        """Write this rank's slices of HF tensors ``names`` to ``path.rank<rank>.safetensors`` (tests reassemble
+        the full tensors); returns that file's path."""
+        from safetensors.torch import save_file
+
+        out = f"{path}.rank{self._es_tp[0]}.safetensors"
+        save_file({n: self._es_views[n].detach().cpu().contiguous() for n in names}, out)
+        return out
 
     def es_setup(self, indices: list[int], names: list[str], noise: dict) -> None:
         """Build the worker's ParamSet over the mapped views with the driver's indices and noise (a
