@@ -18,9 +18,11 @@ Design decisions:
   HF element; norms and biases of row-parallel layers are replicated.
 - Inside a rank, a fused parameter is ``[q; k; v]`` or ``[gate; up]`` of that rank's blocks: the offsets
   within the fused local tensor are ``fused_offsets``.
-- Not wired into the ES worker yet: ``generation.vllm_tensor_parallel_size > 1`` is refused at validation
-  (docs/vllm.md). What is tested (tests/test_tensor_parallel.py): the shards reassemble the full tensor,
-  and shard-wise perturbation with noise by global index equals ``ParamSet`` on the full tensor bit for bit.
+- Used by ``evolm.es.vllm_worker.tp_views`` (each rank's views and indices) and ``ShardNoise`` (the noise a
+  rank's ``ParamSet`` reads), and by the driver to compare each rank's checksums with its own slices.
+  Tested: tests/test_tensor_parallel.py (plain tensors: the shards reassemble the full tensor, shard-wise
+  perturb/restore/update equals ``ParamSet`` on the full model bit for bit) and tests/test_vllm_tp.py
+  (a TP = 2 vLLM-CPU engine equals TP = 1 bit for bit).
 """
 
 from __future__ import annotations

@@ -170,8 +170,8 @@ class VLLMGenerator(Generator):
                  lora_slots: int = 0, lora_rank: int = 0, tensor_parallel_size: int = 1):
         """``lora_slots``, ``lora_rank``: start the engine with multi-LoRA for low-rank ES members
         (``evolm.es.lora_population``): up to ``lora_slots`` adapters in one batch, each of rank ``lora_rank``
-        (0: no LoRA, the engine vLLM starts by default). ``tensor_parallel_size``: vLLM's; only 1 is supported
-        (the job config refuses more; ``evolm.shards`` holds the shard mapping a TP engine would need)."""
+        (0: no LoRA, the engine vLLM starts by default). ``tensor_parallel_size``: vLLM's; each rank perturbs its
+        slice of every HF tensor (``evolm.shards``), its checksums compared with the driver's same slices."""
         from evolm.errors import UserError
 
         if not vllm_available():

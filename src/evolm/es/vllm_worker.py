@@ -14,6 +14,11 @@ Design decisions:
   exactly the coordinates it lands on in the HF model, and a member's weights are bit-identical to the
   HF ParamSet's (same indices, noise, chunking and kernels; tested). The mapping is checked, not
   trusted: ``es_setup`` returns per-tensor checksums that the driver compares with its own model.
+- Tensor parallelism (``generation.vllm_tensor_parallel_size``): each rank maps the HF tensors onto its own
+  slices (``tp_views``: ``evolm.shards`` says which elements of the full tensor a rank holds and where they
+  sit in the fused local parameter) and draws each element's noise by its index in the full HF tensor
+  (``shards.ShardNoise``), so its members and updates are those of a TP = 1 engine bit for bit; every
+  rank answers for its own slices and the driver compares them with its own.
 - The worker builds its own ``ParamSet`` over those views (``ParamSet.from_tensors``) and its own noise
   source from the driver's ``noise.describe()`` (same seed and table size), so only
   ``(iteration, direction, sign, sigma)`` and the update's coefficients cross the process boundary;
