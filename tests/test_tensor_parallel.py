@@ -166,3 +166,12 @@ def test_tensor_parallel_two_on_the_cpu_validates(monkeypatch):
     cfg = config.from_dict(config.ESJob, {}, ["model.device='cpu'", "distributed.workers=0", "model.dtype='float32'",
                                               "generation.backend='vllm'", "generation.vllm_tensor_parallel_size=2"])
     assert cfg.generation.vllm_tensor_parallel_size == 2
+
+
+def test_grpo_refuses_tensor_parallel_in_one_line():
+    from evolm import config, grpo
+    from evolm.errors import UserError
+
+    with pytest.raises(UserError, match="evolm grpo has none") as e:
+        config.from_dict(grpo.GRPOJob, {}, ["generation.vllm_tensor_parallel_size=2"])
+    assert "\n" not in str(e.value)
