@@ -666,13 +666,17 @@ class EngineParamSet:
         return done
 
     def checksums(self) -> dict[str, int]:
-        """The engine's per-tensor checksums (HF names)."""
+        """The engine's per-tensor checksums (HF names; one engine of TP 1: a TP rank answers for its slices only)."""
+        if self.generator.tp > 1:
+            raise RuntimeError("with tensor parallelism each rank checksums its own slices (VLLMGenerator._mismatched)")
         return self.generator.rpc("es_checksums")[0]
 
     def engine_checksums(self) -> list[int]:
         """The replica checksum (``evolm.checksum``) of every selected tensor as the engine holds it (its float32 masters first when kept,
         then the live weights it generates from), in ParamSet order, computed inside the worker: what a
         Ray actor reports, so the driver checks the engine's weights, not the actor's HF mirror."""
+        if self.generator.tp > 1:  # Ray actors with TP engines are refused at validation
+            raise RuntimeError("replica checksums of a tensor-parallel engine are per rank and not gathered")
         sums = self.generator.rpc("es_replica_checksums")
         if any(s != sums[0] for s in sums[1:]):
             raise RuntimeError(f"the vLLM workers hold different weights (checksums per tensor differ between {len(sums)} workers)")
