@@ -209,6 +209,8 @@ class GenerationConfig:
     """vllm: longest prompt + completion in tokens the engine accepts."""
     vllm_enforce_eager: bool = False
     """vllm: run the model eagerly instead of torch.compile'd (the engine starts in ~1 min instead of ~2-4 min on this project's CPU)."""
+    vllm_tensor_parallel_size: int = 1
+    """vllm: worker processes (GPUs on CUDA) one engine's weights are split over (vLLM's tensor_parallel_size). Each rank perturbs its own slice with the counter noise of each element's index in the full Hugging Face tensor (evolm.shards), so members and updates equal a TP = 1 engine's bit for bit (tested at 2 on vLLM's CPU backend). > 1 is refused with the hf backend, es.perturbation = "lowrank", Ray actors (distributed.workers >= 2), a dtype other than float32, non-counter noise, and CUDA (untested); docs/vllm.md, "Tensor parallelism"."""
     vllm_gpu_memory_utilization: float | Literal["auto"] = "auto"
     """vllm on CUDA: fraction of the GPU's memory one engine may take (vLLM's gpu_memory_utilization; the KV cache's size stays vllm_kv_cache_gb); Ray actors sharing a GPU (distributed.gpus < 1) need at most their share. auto: 0.9 of the fraction torch.cuda.mem_get_info finds free (rounded down to 0.01, at most 0.9, at most distributed.gpus when actors share a GPU); without a GPU here 0.9, or the actors' share (ignored on CPU)."""
 
@@ -221,6 +223,8 @@ class GenerationConfig:
         require(self.vllm_kv_cache_gb == AUTO or self.vllm_kv_cache_gb >= 0,
                 f"{p}.vllm_kv_cache_gb must be >= 0 (0: vLLM sizes it, CUDA engines only; got {self.vllm_kv_cache_gb})")
         require(self.vllm_max_model_len >= 16, f"{p}.vllm_max_model_len must be >= 16 (got {self.vllm_max_model_len})")
+        require(self.vllm_tensor_parallel_size >= 1,
+                f"{p}.vllm_tensor_parallel_size must be >= 1 (got {self.vllm_tensor_parallel_size})")
         require(self.vllm_gpu_memory_utilization == AUTO or 0 < self.vllm_gpu_memory_utilization <= 1,
                 f"{p}.vllm_gpu_memory_utilization must be in (0, 1] (got {self.vllm_gpu_memory_utilization})")
 
@@ -466,6 +470,23 @@ class ESJob:
                         f"distributed.gpus={d.gpus:g} puts {math.floor(1 / d.gpus + 1e-9)} vLLM engines on one GPU, each "
                         f"asking generation.vllm_gpu_memory_utilization={g.vllm_gpu_memory_utilization:g} of its memory; "
                         f"set it to at most {d.gpus:g}")
+        if g.vllm_tensor_parallel_size > 1:  # one line per untested combination, then the blanket refusal
+            t = f"generation.vllm_tensor_parallel_size={g.vllm_tensor_parallel_size}"
+            require(g.backend == "vllm", f"{t} splits a vLLM engine; generation.backend='{g.backend}' has none: set "
+                                         "generation.backend='vllm' or vllm_tensor_parallel_size=1")
+            require(self.es.perturbation != "lowrank", f"{t} with es.perturbation='lowrank' (LoRA members) is untested: "
+                                                       "set es.perturbation='full' or vllm_tensor_parallel_size=1")
+            require(d.workers < 2, f"{t} with distributed.workers={d.workers} (Ray actors, one engine each) is untested: "
+                                   "set distributed.workers=0 or vllm_tensor_parallel_size=1")
+            require(self.model.dtype == "float32", f"{t} with model.dtype='{self.model.dtype}' is untested (masters per "
+                                                   "shard): set model.dtype='float32' or vllm_tensor_parallel_size=1")
+            require(self.es.noise in ("counter", AUTO), f"{t} with es.noise='{self.es.noise}': TP shards draw counter "
+                                                       "noise by global element index; set es.noise='counter'")
+            from evolm import machine
+
+            require(not (self.model.device.startswith("cuda") or _vllm_on_cuda(self, machine)),
+                    f"{t} on CUDA is untested (tested on vLLM's CPU backend only, docs/vllm.md): set "
+                    "vllm_tensor_parallel_size=1")
         if g.backend == "vllm":  # vLLM stops a request at max_model_len where HF does not: rewards would depend on the backend
             require(g.max_new_tokens < g.vllm_max_model_len,
                     f"generation.max_new_tokens={g.max_new_tokens} leaves no room for a prompt in "

@@ -175,6 +175,9 @@ class GRPOJob:
         require(self.generation.backend == "hf",
                 f"generation.backend must be hf for evolm grpo (got {self.generation.backend}): TRL generates the "
                 "rollouts; set grpo.use_vllm = true to have TRL generate them with vLLM")
+        require(self.generation.vllm_tensor_parallel_size == 1,
+                f"generation.vllm_tensor_parallel_size={self.generation.vllm_tensor_parallel_size} splits an ES vLLM engine; "
+                "evolm grpo has none (TRL generates the rollouts): set it to 1")
         require(self.generation.verify == "off",
                 f"generation.verify='{self.generation.verify}' verifies ES members; set generation.verify='off' for evolm grpo")
         device = self.model.device

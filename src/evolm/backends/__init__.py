@@ -27,6 +27,7 @@ def engine_options(cfg) -> dict:
     lora = es is not None and getattr(es, "perturbation", "full") == "lowrank" and g.backend == "vllm"
     return {"threads": cfg.model.threads, "kv_cache_gb": g.vllm_kv_cache_gb, "max_model_len": g.vllm_max_model_len,
             "enforce_eager": g.vllm_enforce_eager, "gpu_memory_utilization": g.vllm_gpu_memory_utilization,
+            "tensor_parallel_size": g.vllm_tensor_parallel_size,
             "seed": cfg.run.seed,  # low-rank ES members are LoRA adapters: as many slots as members per engine call
             "lora_slots": (es.member_batch or es.population) if lora else 0, "lora_rank": es.rank if lora else 0}
 

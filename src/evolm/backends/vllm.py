@@ -167,10 +167,11 @@ class VLLMGenerator(Generator):
 
     def __init__(self, model, tokenizer, *, threads: int = 1, kv_cache_gb: float = 1.0, enforce_eager: bool = False,
                  max_model_len: int = 2048, gpu_memory_utilization: float = 0.9, seed: int = 0, quiet: bool = True,
-                 lora_slots: int = 0, lora_rank: int = 0):
+                 lora_slots: int = 0, lora_rank: int = 0, tensor_parallel_size: int = 1):
         """``lora_slots``, ``lora_rank``: start the engine with multi-LoRA for low-rank ES members
         (``evolm.es.lora_population``): up to ``lora_slots`` adapters in one batch, each of rank ``lora_rank``
-        (0: no LoRA, the engine vLLM starts by default)."""
+        (0: no LoRA, the engine vLLM starts by default). ``tensor_parallel_size``: vLLM's; each rank perturbs its
+        slice of every HF tensor (``evolm.shards``), its checksums compared with the driver's same slices."""
         from evolm.errors import UserError
 
         if not vllm_available():
@@ -225,6 +226,7 @@ class VLLMGenerator(Generator):
             self.llm = LLM(model=str(source), tokenizer=str(source), dtype=dtype, seed=seed,
                            enforce_eager=enforce_eager, max_model_len=max_model_len, enable_prefix_caching=True,
                            kv_cache_memory_bytes=int(kv_cache_gb * (1 << 30)) if kv_cache_gb else None,
+                           tensor_parallel_size=int(tensor_parallel_size),
                            worker_extension_cls=f"{WORKER}.ESWorkerExtension", **extra)
         finally:
             _engine_starting = False
@@ -233,7 +235,8 @@ class VLLMGenerator(Generator):
         # Map every HF tensor onto the engine and check the mapping against the driver's values. Started
         # from the model's own files, the driver's weights may have changed since (a checkpoint loaded into
         # it): those are pushed once; a mismatch after that is a layout the mapping gets wrong.
-        self._engine_sums = self.rpc("es_map", shapes)[0]
+        self.tp = int(tensor_parallel_size)
+        self._set_engine_sums(self.rpc("es_map", shapes))
         if source != self.workdir / "model" and self._mismatched():
             self.push_weights()
         self._check_mapping()
@@ -251,8 +254,28 @@ class VLLMGenerator(Generator):
             raise RuntimeError("vLLM could not reset its prefix cache after a weight change (requests were still "
                                "running); the run stops rather than reuse KV computed with other weights")
 
+    def _set_engine_sums(self, answers: list[dict[str, int]]) -> None:
+        """The workers' per-tensor checksums: one worker's (TP 1), or every TP rank's of its own slices."""
+        if self.tp == 1:
+            self._engine_sums = answers[0]
+            return
+        ranks = [r for r, _ in self.rpc("es_rank")]
+        self._engine_rank_sums = dict(zip(ranks, answers))
+
+    def rank_slices(self, name: str, tensor: torch.Tensor) -> dict[int, torch.Tensor]:
+        """TP rank -> that rank's slice of the driver's HF tensor ``name`` (``evolm.shards``)."""
+        from evolm import shards
+
+        cfg = self.model.config
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        spec = shards.shard_spec(name, tuple(tensor.shape), head_dim)
+        return {r: shards.local_slice(tensor.detach(), spec, r, self.tp) for r in range(self.tp)}
+
     def _mismatched(self) -> list[str]:
         params = _hf_parameters(self.model)
+        if self.tp > 1:  # every rank's slice against the driver's same slice
+            return [n for n in self._names if any(checksum(t) != self._engine_rank_sums[r][n]
+                                                  for r, t in self.rank_slices(n, params[n]).items())]
         return [n for n in self._names if checksum(params[n].detach()) != self._engine_sums[n]]
 
     def _check_mapping(self) -> None:
@@ -298,7 +321,7 @@ class VLLMGenerator(Generator):
         save_file(state, str(path))
         self.pushes += 1
         try:
-            self._engine_sums = self.rpc("es_load", str(path))[0]
+            self._set_engine_sums(self.rpc("es_load", str(path)))
         finally:
             path.unlink(missing_ok=True)
         self.reset_prefix_cache()
@@ -565,6 +588,14 @@ class EngineParamSet:
         coefficients = [float(c) for c in coefficients]
         answers = self.generator.rpc("es_apply_update", iteration, coefficients, float(scale))
         self.generator.reset_prefix_cache()
+        if self.generator.tp > 1:  # each TP rank reports its own slices' sum: checked in catch_up
+            if any(a["applied"] != answers[0]["applied"] for a in answers):
+                raise RuntimeError(f"after update {iteration + 1} the vLLM TP ranks disagree on whether it applied")
+            ranks = [r for r, _ in self.generator.rpc("es_rank")]
+            self._engine_sum = {r: a["sum"] for r, a in zip(ranks, answers)}
+            if answers[0]["applied"]:
+                self.local.defer_update(iteration, coefficients, scale)
+            return answers[0]["applied"]
         if any(a != answers[0] for a in answers[1:]):
             raise RuntimeError(f"after update {iteration + 1} the vLLM workers' weights differ ({answers}); the run stops")
         applied = answers[0]["applied"]
@@ -581,6 +612,9 @@ class EngineParamSet:
         """What ``worker_masters_sum`` must equal: the driver's masters, or, when the masters live in the
         engine, the driver's weights cast up (one tensor at a time), or the float32 weights themselves."""
         local = self.local
+        if self.generator.tp > 1:  # float32 only (validation): each rank's slices of the driver's weights
+            slices = [self.generator.rank_slices(n, t) for n, t in zip(self.names, local.tensors)]
+            return {r: selected_sum([s[r] for s in slices]) for r in range(self.generator.tp)}
         if local.masters is not None:
             return selected_sum(local.masters)
         if self.masters_in_engine:
@@ -632,13 +666,17 @@ class EngineParamSet:
         return done
 
     def checksums(self) -> dict[str, int]:
-        """The engine's per-tensor checksums (HF names)."""
+        """The engine's per-tensor checksums (HF names; one engine of TP 1: a TP rank answers for its slices only)."""
+        if self.generator.tp > 1:
+            raise RuntimeError("with tensor parallelism each rank checksums its own slices (VLLMGenerator._mismatched)")
         return self.generator.rpc("es_checksums")[0]
 
     def engine_checksums(self) -> list[int]:
         """The replica checksum (``evolm.checksum``) of every selected tensor as the engine holds it (its float32 masters first when kept,
         then the live weights it generates from), in ParamSet order, computed inside the worker: what a
         Ray actor reports, so the driver checks the engine's weights, not the actor's HF mirror."""
+        if self.generator.tp > 1:  # Ray actors with TP engines are refused at validation
+            raise RuntimeError("replica checksums of a tensor-parallel engine are per rank and not gathered")
         sums = self.generator.rpc("es_replica_checksums")
         if any(s != sums[0] for s in sums[1:]):
             raise RuntimeError(f"the vLLM workers hold different weights (checksums per tensor differ between {len(sums)} workers)")

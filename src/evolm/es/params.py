@@ -170,6 +170,8 @@ class ParamSet:
         if self.keeps_masters:
             return "masters"
         t = self.tensors[0]
+        if isinstance(self.noise, CounterNoise) and not self.noise.kernels:
+            return "torch"
         if isinstance(self.noise, CounterNoise) and counter_triton(t, self.noise.table) is not None:
             return "triton"
         return "kernel" if fused.usable(t, t) and fused.kernel() is not None else "torch"
@@ -194,15 +196,16 @@ class ParamSet:
                 keys = self.noise.keys(iteration, direction, self.indices[k])
                 eps = None
                 if self.masters is not None:
-                    triton_kernels = counter_triton(live, self.masters[k], self.noise.table)
+                    triton_kernels = counter_triton(live, self.masters[k], self.noise.table) if self.noise.kernels else None
                     if triton_kernels is not None:  # cast(master + d) in one launch
                         triton_kernels.counter_perturb_masters_triton(flat, self.masters[k].view(-1), self.noise.table,
                                                                       keys[0], keys[1], factor)
                         continue
                     kern = None
                 else:
-                    triton_kernels = counter_triton(live, self.noise.table)
-                    kern = fused.kernel() if triton_kernels is None and fused.usable_counter(live, self.noise.table) else None
+                    triton_kernels = counter_triton(live, self.noise.table) if self.noise.kernels else None
+                    kern = (fused.kernel() if triton_kernels is None and self.noise.kernels
+                            and fused.usable_counter(live, self.noise.table) else None)
             else:
                 eps = self._eps(k, iteration, direction)
                 if self.masters is not None:  # cast(master + d), product rounded then added, chunk by chunk
@@ -388,9 +391,9 @@ class ParamSet:
             target = (self.masters[k] if self.masters is not None else live).view(-1)
             keys = [noise.keys(iteration, d, self.indices[k]) for d, _ in active]
             exact_check = write or self.masters is None  # the kernel checks float32 finiteness only
-            triton_kernels = counter_triton(target, noise.table, *([] if self.masters is None else [live]))
+            triton_kernels = counter_triton(target, noise.table, *([] if self.masters is None else [live])) if noise.kernels else None
             kern = None
-            if triton_kernels is None and exact_check and fused.usable_counter(target, noise.table):
+            if triton_kernels is None and noise.kernels and exact_check and fused.usable_counter(target, noise.table):
                 kern = fused.kernel()
             if triton_kernels is not None:  # one launch per tensor (float32 and the model's dtype checked)
                 if not triton_kernels.counter_update_triton(target, noise.table, keys, [c for _, c in active], scale,

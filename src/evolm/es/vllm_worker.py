@@ -14,6 +14,11 @@ Design decisions:
   exactly the coordinates it lands on in the HF model, and a member's weights are bit-identical to the
   HF ParamSet's (same indices, noise, chunking and kernels; tested). The mapping is checked, not
   trusted: ``es_setup`` returns per-tensor checksums that the driver compares with its own model.
+- Tensor parallelism (``generation.vllm_tensor_parallel_size``): each rank maps the HF tensors onto its own
+  slices (``tp_views``: ``evolm.shards`` says which elements of the full tensor a rank holds and where they
+  sit in the fused local parameter) and draws each element's noise by its index in the full HF tensor
+  (``shards.ShardNoise``), so its members and updates are those of a TP = 1 engine bit for bit; every
+  rank answers for its own slices and the driver compares them with its own.
 - The worker builds its own ``ParamSet`` over those views (``ParamSet.from_tensors``) and its own noise
   source from the driver's ``noise.describe()`` (same seed and table size), so only
   ``(iteration, direction, sign, sigma)`` and the update's coefficients cross the process boundary;
@@ -117,14 +122,79 @@ def hf_views(model: torch.nn.Module, hf_shapes: dict[str, tuple[int, ...]]) -> d
     return views
 
 
+def _tp_start(module: torch.nn.Module, shard, rank_rows: list[int]) -> int:
+    """First row of a shard inside one TP rank's fused parameter: the local rows of the shards before it
+    (``rank_rows``: each shard's local rows, in the fused order)."""
+    index = _QKV.get(shard, shard)
+    return sum(rank_rows[:index])
+
+
+def tp_views(model: torch.nn.Module, hf_shapes: dict[str, tuple[int, ...]], head_dim: int, rank: int,
+             size: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """``hf_views`` for TP rank ``rank`` of ``size``: every HF tensor's slice this rank holds
+    (``evolm.shards``: its local shape and, per element, the index in the full HF tensor), and those indices."""
+    from evolm import shards
+
+    specs = {n: shards.shard_spec(n, tuple(s), head_dim) for n, s in hf_shapes.items()}
+    views, indices = {}, {}
+    for name, shape in hf_shapes.items():
+        spec = specs[name]
+        local = shards.local_shape(spec, rank, size)
+        vname, shard = _resolve(model, name)
+        module_path, _, leaf_param = vname.rpartition(".")
+        module = _unwrap(model.get_submodule(module_path))
+        target = getattr(module, leaf_param).data
+        if shard is not None:  # q/k/v or gate/up: this rank's blocks stacked in the fused order
+            if isinstance(shard, tuple):
+                raise LayoutError(f"Hugging Face tensor {name} spans fused shards {shard}: not mapped for TP")
+            prefix, _, rest = name.rpartition(".")
+            siblings = (["q_proj", "k_proj", "v_proj"] if shard in _QKV else ["gate_proj", "up_proj"])
+            owner = prefix.rpartition(".")[0]
+            rows = [shards.local_shape(specs[f"{owner}.{m}.{leaf_param}"], rank, size)[0] for m in siblings]
+            view = target.narrow(0, _tp_start(module, shard, rows), local[0])
+        elif spec.kind in ("rows", "heads", "vocab"):
+            view = target.narrow(0, 0, local[0])
+        else:
+            view = target
+        if tuple(view.shape) != tuple(local) or not view.is_contiguous():
+            raise LayoutError(f"Hugging Face tensor {name}'s TP shard {tuple(local)} (rank {rank} of {size}) has no "
+                              f"contiguous slice in vLLM's {vname} {tuple(target.shape)}")
+        views[name] = view
+        indices[name] = shards.local_indices(spec, rank, size)
+    return views, indices
+
+
 class ESWorkerExtension:
     """Methods the driver calls on every vLLM worker through ``LLM.collective_rpc("es_...")``."""
 
     def es_map(self, hf_shapes: dict[str, tuple[int, ...]]) -> dict[str, int]:
-        """Map the HF tensors onto this worker's model; return their checksums (the driver compares)."""
-        self._es_views = hf_views(self.model_runner.get_model(), hf_shapes)
+        """Map the HF tensors onto this worker's model; return their checksums (the driver compares: with
+        tensor parallelism, each rank's against the driver's same slice)."""
+        from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
+
+        self._es_tp = (get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size())
+        model = self.model_runner.get_model()
+        if self._es_tp[1] == 1:
+            self._es_views, self._es_indices = hf_views(model, hf_shapes), None
+        else:
+            cfg = self.model_runner.model_config.hf_config
+            head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+            self._es_views, self._es_indices = tp_views(model, hf_shapes, head_dim, *self._es_tp)
         self._es_params = None
         return self.es_checksums()
+
+    def es_rank(self) -> list[int]:
+        """``[rank, size]`` of this worker's tensor-parallel group."""
+        return list(self._es_tp)
+
+    def es_local(self, names: list[str], path: str) -> str:
+        """Write this rank's slices of HF tensors ``names`` to ``path.rank<rank>.safetensors`` (tests reassemble
+        the full tensors); returns that file's path."""
+        from safetensors.torch import save_file
+
+        out = f"{path}.rank{self._es_tp[0]}.safetensors"
+        save_file({n: self._es_views[n].detach().cpu().contiguous() for n in names}, out)
+        return out
 
     def es_setup(self, indices: list[int], names: list[str], noise: dict) -> None:
         """Build the worker's ParamSet over the mapped views with the driver's indices and noise (a
@@ -142,6 +212,12 @@ class ESWorkerExtension:
         else:
             layout = [(i, v.numel()) for i, v in zip(indices, views)]
             source = noise_from_header(noise, layout, device)  # the driver's noise, rebuilt from its description
+            if self._es_indices is not None:  # a TP shard: the noise of each element's index in the full tensor
+                from evolm.shards import ShardNoise
+
+                if source.kind != "counter":
+                    raise RuntimeError("tensor parallelism needs counter noise (es.noise = 'counter')")
+                source = ShardNoise(source.seed, {i: self._es_indices[n] for i, n in zip(indices, names)}, device)
             self._es_params = ParamSet.from_tensors(source, indices, names, views)
         self._es_lora_ids = []
 
@@ -206,6 +282,8 @@ class ESWorkerExtension:
                     master.copy_(value.view_as(master))
                 continue
             view = self._es_views[name]
+            if self._es_indices is not None:  # a TP shard: this rank's elements of the full tensor
+                value = value.reshape(-1)[self._es_indices[name]].view_as(view)
             view.copy_(value.to(view.dtype))
         return self.es_checksums()
 
