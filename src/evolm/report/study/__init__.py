@@ -13,6 +13,8 @@ entries naming the committed files that decide it. The package has one module pe
 - ``measure``: reading a test's files, pairing them problem by problem, premises and the claims' verdicts
   (``evaluate_study``).
 - ``words``: one line per test, the verdict table's short cells.
+- ``preregistration``: when each test was declared against when its data existed (git history, recorded in
+  ``experiments/study/preregistration.json``), and every changed test's verdict as first declared.
 - ``page`` and ``figures``: ``docs/REPRODUCTION.md`` (``build_study``) and its small-multiple pass@k figures.
 
 Four kinds of test:

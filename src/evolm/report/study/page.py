@@ -41,6 +41,7 @@ from evolm.report.read import ANALYSIS_KINDS, Reader, Sources, gather
 from evolm.report.sections import analysis_sections, budget_section, configured_match, cost_section, probe_section
 from evolm.report.study.claims import ClaimsFile, load_claims
 from evolm.report.study.figures import claim_figure, passk_matrix
+from evolm.report.study.preregistration import Declared, declared
 from evolm.report.study.measure import ClaimOutcome, PremiseOutcome, StudyOutcome, evaluate_study, files_of, task_report
 from evolm.report.study.stats import (BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, FAMILY_RESAMPLES, LEVEL, bootstrap_curve,
                                       bootstrap_interval, exact_proportion_interval, is_binary, paired_binary_interval,
@@ -105,7 +106,8 @@ def bases_line(src: Sources) -> str:
     return f"**Bases**: {'; '.join(parts) or 'none read'}{note}."
 
 
-def summary_section(claims: ClaimsFile, study: StudyOutcome, src: Sources, twins: "Twins | None") -> Section:
+def summary_section(claims: ClaimsFile, study: StudyOutcome, src: Sources, twins: "Twins | None",
+                    pre: "Declared | None" = None) -> Section:
     """At most ``SUMMARY_LINES`` lines: bases, scale, verdicts, failed runs, twins, pending questions."""
     counts = {}
     for o in study.claims:
@@ -125,8 +127,14 @@ def summary_section(claims: ClaimsFile, study: StudyOutcome, src: Sources, twins
     if twins is not None:
         lines.append(f"**Commutative twins** (arithmetic): {twins_line(twins)}")
     lines += [f"**Pending**: {p.strip()}" for p in claims.study.pending]
-    lines.append("**Reading it**: one row per claim below, then a section per claim; verdicts from each claim's counted "
-                 "tests at 95% (family-wise for a contradiction), margins declared per test in the claims file.")
+    if pre is None:
+        lines.append("**Reading it**: one row per claim below, then a section per claim; verdicts from each claim's counted "
+                     "tests at 95% (family-wise for a contradiction), margins declared per test in the claims file.")
+    else:
+        lines.append("**Reading it**: one row per claim below, then a section per claim; verdicts from each claim's counted "
+                     "tests at 95% (family-wise for a contradiction). **Pre-registration**: "
+                     + ", ".join(f"{n} tests {k}" for k, n in pre.counts.items())
+                     + " (the changed ones beside their verdict as first declared, in the section below the table).")
     if len(lines) > SUMMARY_LINES:
         raise ValueError(f"the summary has {len(lines)} lines; at most {SUMMARY_LINES} (shorten [study] pending or scale)")
     return Section("Summary", ["\n".join(f"- {line}" for line in lines)])
@@ -436,7 +444,9 @@ def build_study(claims_path: str | Path, out: str | Path = "docs") -> StudyResul
     twins = reader.json(twins_path) if twins_path is not None and twins_path.exists() else None
     check = twins_check(twins, data, reader.json) if twins is not None else None
     match = common_match(src)
-    sections = [summary_section(claims, study, src, check), verdict_table(study)]
+    pre = declared(claims_path, claims, study, data, reader.json)
+    sections = [summary_section(claims, study, src, check, pre), verdict_table(study)]
+    sections += [pre.section] if pre is not None else []
     sections += [claim_section(o, data, reader.json, canvas) for o in outcomes]
     sections += [s for s in (premises_section(study),) if s is not None]
     if twins is not None:
