@@ -42,6 +42,7 @@ from evolm.report.sections import analysis_sections, budget_section, configured_
 from evolm.report.study.claims import ClaimsFile, load_claims
 from evolm.report.study.figures import claim_figure, passk_matrix
 from evolm.report.study.preregistration import Declared, declared
+from evolm.report.study.ratios import ratio_section
 from evolm.report.study.measure import ClaimOutcome, PremiseOutcome, StudyOutcome, evaluate_study, files_of, task_report
 from evolm.report.study.stats import (BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, FAMILY_RESAMPLES, LEVEL, bootstrap_curve,
                                       bootstrap_interval, exact_proportion_interval, is_binary, paired_binary_interval,
@@ -447,6 +448,7 @@ def build_study(claims_path: str | Path, out: str | Path = "docs") -> StudyResul
     pre = declared(claims_path, claims, study, data, reader.json)
     sections = [summary_section(claims, study, src, check, pre), verdict_table(study)]
     sections += [pre.section] if pre is not None else []
+    sections += [s for s in (ratio_section(data, reader.json),) if s is not None]
     sections += [claim_section(o, data, reader.json, canvas) for o in outcomes]
     sections += [s for s in (premises_section(study),) if s is not None]
     if twins is not None:
