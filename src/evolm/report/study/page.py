@@ -120,7 +120,13 @@ def summary_section(claims: ClaimsFile, study: StudyOutcome, src: Sources, twins
     lines = [bases_line(src)]
     if claims.study.scale:
         lines.append(f"**Scale**: {claims.study.scale.strip()}")
-    lines.append(f"**Verdicts** ({len(study.claims)} rows): {verdicts} ({named}).")
+    paper = [o for o in study.claims if _is_paper_claim(o)]
+    ours = [o for o in study.claims if not _is_paper_claim(o)]
+    if paper and ours:
+        lines.append(f"**Verdicts** ({len(study.claims)} rows): the paper's claims ({len(paper)}): {_counts(paper)}; "
+                     f"evolm's own questions ({len(ours)}): {_counts(ours)} ({named}).")
+    else:
+        lines.append(f"**Verdicts** ({len(study.claims)} rows): {verdicts} ({named}).")
     failed = [p for p in study.premises if p.holds is False]
     if failed:
         names = ", ".join(p.premise.run or p.premise.b.split("/")[-2] for p in failed)
@@ -134,17 +140,42 @@ def summary_section(claims: ClaimsFile, study: StudyOutcome, src: Sources, twins
     else:
         lines.append("**Reading it**: one row per claim below, then a section per claim; verdicts from each claim's counted "
                      "tests at 95% (family-wise for a contradiction). **Pre-registration**: "
-                     + ", ".join(f"{n} tests {k}" for k, n in pre.counts.items())
-                     + " (the changed ones beside their verdict as first declared, in the section below the table).")
+                     + ", ".join(f"{n} tests {k.replace(' its ', ' their ')}" for k, n in pre.counts.items())
+                     + " (the changed ones beside their verdict as first declared: the section after the claims).")
     if len(lines) > SUMMARY_LINES:
         raise ValueError(f"the summary has {len(lines)} lines; at most {SUMMARY_LINES} (shorten [study] pending or scale)")
     return Section("Summary", ["\n".join(f"- {line}" for line in lines)])
 
 
-def verdict_table(study: StudyOutcome) -> Section:
-    rows = [[f"[{o.claim.id}](#{_anchor(o)}) {o.claim.claim}", f"**{o.verdict}**", key_number(o), why(o)]
-            for o in study.claims]
-    return Section("Verdicts", [Table(["claim", "verdict", "key number (95% interval)", "why"], rows)])
+def _is_paper_claim(o: ClaimOutcome) -> bool:
+    """The paper's claims (C1-C9) are counted apart from evolm's own questions (Q*)."""
+    return not o.claim.id.startswith("Q")
+
+
+def _counts(outcomes: list[ClaimOutcome]) -> str:
+    counts: dict[str, int] = {}
+    for o in outcomes:
+        counts[o.verdict] = counts.get(o.verdict, 0) + 1
+    return ", ".join(f"{n} {v}" for v, n in counts.items())
+
+
+def verdict_table(study: StudyOutcome, pre: "Declared | None" = None) -> Section:
+    """One row per claim, the paper's claims and evolm's questions in two tables, each row with whether its tests
+    were declared before their data (``preregistration``)."""
+    marks = {"before": "before its data", "after": "after its data", "changed": "changed after its data"}
+
+    def row(o: ClaimOutcome) -> list[str]:
+        cells = [f"[{o.claim.id}](#{_anchor(o)}) {o.claim.claim}", f"**{o.verdict}**", key_number(o), why(o)]
+        return cells + ([marks.get(pre.claims.get(o.claim.id, ""), "not recorded")] if pre is not None else [])
+
+    columns = ["claim", "verdict", "key number (95% interval)", "why"] + (["declared"] if pre is not None else [])
+    paper = [o for o in study.claims if _is_paper_claim(o)]
+    ours = [o for o in study.claims if not _is_paper_claim(o)]
+    blocks: list = []
+    for outcomes, what in ((paper, "The paper's claims"), (ours, "evolm's own questions (not the paper's claims)")):
+        if outcomes:
+            blocks += [f"**{what}** ({len(outcomes)}): {_counts(outcomes)}.", Table(columns, [row(o) for o in outcomes])]
+    return Section("Verdicts", blocks)
 
 
 def _anchor(o: ClaimOutcome) -> str:
@@ -446,10 +477,10 @@ def build_study(claims_path: str | Path, out: str | Path = "docs") -> StudyResul
     check = twins_check(twins, data, reader.json) if twins is not None else None
     match = common_match(src)
     pre = declared(claims_path, claims, study, data, reader.json)
-    sections = [summary_section(claims, study, src, check, pre), verdict_table(study)]
+    sections = [summary_section(claims, study, src, check, pre), verdict_table(study, pre)]
+    sections += [claim_section(o, data, reader.json, canvas) for o in outcomes]
     sections += [pre.section] if pre is not None else []
     sections += [s for s in (ratio_section(data, reader.json),) if s is not None]
-    sections += [claim_section(o, data, reader.json, canvas) for o in outcomes]
     sections += [s for s in (premises_section(study),) if s is not None]
     if twins is not None:
         sections.append(twins_section(twins, check, data))
