@@ -18,8 +18,11 @@
 #                                              # the next session's run.sh restores a run absent from runs/refnum from
 #                                              # there and resumes it by replaying its seed log
 #   bash experiments/refnum/run.sh null        # ES's arithmetic alone (null_walk.py: seeded random fitness, no
-#                                              # generation), 240 SmolLM2 / 60 Gemma updates, analysed and summarised
-#                                              # into docs/study/refnum/ (~3.5 CPU-hours; the reference arms are 30-60 s/update)
+#                                              # generation): every walk to 120 SmolLM2 / 20 Gemma updates, analysed, then
+#                                              # the exact float32 walks to 240 / 60 (first analyses kept in -at-120 / -at-20)
+#                                              # and summarised (~3.5 CPU-hours; the reference arms are 30-60 s/update)
+#   PUBLISH=docs/study/refnum bash experiments/refnum/run.sh summarise   # the summary into docs/ (to commit); without
+#                                              # PUBLISH every stage writes only under OUT (its summary: OUT/summary)
 #   HORIZON=120 bash experiments/refnum/run.sh smollm2   # every run to update 120 (held-out table, analyses); run again
 #                                              # without HORIZON to extend them to the configs' 240 (analyses at 120 kept
 #                                              # in analyses/NAME-at-120)
@@ -116,22 +119,38 @@ analyse() {  # analyse DIR LABEL=RUN: drift, localisation, magnitude and sparsit
     --multipliers 0.25,0.5,1,2,4,8 --out "$dir"
 }
 
-null() {  # the same configs, seeded random fitness, no generation (null_walk.py): ES's arithmetic alone, 240 / 60 updates
-  local name it
+null_walk() {  # null_walk NAME UPDATES: NAME's null walk (seeded random fitness) to UPDATES, resumed or extended
+  local name=$1 it=$2
+  if [ -f "$OUT/$name-null/final/config.json" ] && [ "$(last_step "$name-null")" -ge "$it" ]; then echo "$name-null: done ($it)"; return; fi
+  echo "$name-null: $(date -u +%H:%M:%S) start (to $it)"
+  if [ -f "$OUT/$name-null/config.toml" ]; then  # killed or extended: resume (from a checkpoint, or by replaying the seed log)
+    "$PY" experiments/refnum/null_walk.py --resume "$OUT/$name-null" --iterations "$it" >> "$OUT/$name-null.log" 2>&1
+  else
+    "$PY" experiments/refnum/null_walk.py "experiments/refnum/$name.toml" --iterations "$it" --out-dir "$OUT" > "$OUT/$name-null.log" 2>&1
+  fi
+}
+
+null() {  # the same configs, seeded random fitness, no generation (null_walk.py): ES's arithmetic alone. The committed
+  # numbers: every walk to 120 SmolLM2 / 20 Gemma updates and analysed there (the study's Q3a-c read these), then the
+  # exact float32 walks extended to 240 / 60 and analysed again; analyse() moves the first horizon's analyses to
+  # analyses/NAME-null-at-120 / -at-20 (the study's exact float32 baselines). ITERATIONS=n (a smoke): n, then 2n.
+  local name short long
   for name in smollm2-es-exact-f32 smollm2-es-exact-bf16 smollm2-es-reference-bf16 gemma-es-exact-f32 gemma-es-reference-bf16; do
-    it=240; [[ $name == gemma-* ]] && it=60
-    if [ -f "$OUT/$name-null/final/config.json" ]; then echo "$name-null: done"; continue; fi
-    echo "$name-null: $(date -u +%H:%M:%S) start"
-    if [ -f "$OUT/$name-null/config.toml" ]; then  # killed: resume (from a checkpoint, or by replaying the seed log)
-      "$PY" experiments/refnum/null_walk.py --resume "$OUT/$name-null" --iterations "$it" > "$OUT/$name-null.log" 2>&1
-    else
-      "$PY" experiments/refnum/null_walk.py "experiments/refnum/$name.toml" --iterations "$it" --out-dir "$OUT" > "$OUT/$name-null.log" 2>&1
-    fi
-  done
-  for name in smollm2-es-exact-f32 smollm2-es-exact-bf16 smollm2-es-reference-bf16 gemma-es-exact-f32 gemma-es-reference-bf16; do
+    short=${ITERATIONS:-120}; [[ $name == gemma-* ]] && short=${ITERATIONS:-20}
+    null_walk "$name" "$short"
     analyse "$OUT/analyses/$name-null" "${name#*-es-}=$name-null"  # one directory per run: each is analysed when it ends
   done
-  "$PY" experiments/refnum/summarise.py "$OUT" --out docs/study/refnum
+  for name in smollm2-es-exact-f32 gemma-es-exact-f32; do
+    long=240; [[ $name == gemma-* ]] && long=60; [ -n "${ITERATIONS:-}" ] && long=$((ITERATIONS * 2))
+    null_walk "$name" "$long"
+    analyse "$OUT/analyses/$name-null" "${name#*-es-}=$name-null"
+  done
+  summarise
+}
+
+summarise() {  # the experiment's summary under $OUT/summary; PUBLISH=docs/study/refnum writes it there instead (to commit)
+  mkdir -p "${PUBLISH:-$OUT/summary}"
+  "$PY" experiments/refnum/summarise.py "$OUT" --out "${PUBLISH:-$OUT/summary}"
 }
 
 smollm2() {
@@ -156,7 +175,7 @@ analyses() {  # each run against its own base (the bf16 runs: their bf16-rounded
   for name in smollm2-es-exact-f32 smollm2-es-reference-bf16 smollm2-es-exact-bf16 smollm2-grpo-bf16 gemma-es-exact-f32 gemma-es-reference-bf16; do
     analyse "$OUT/analyses/$name" "$(label "$name")=$name"
   done
-  "$PY" experiments/refnum/summarise.py "$OUT" --out docs/study/refnum
+  summarise
   # the restore error per update of the reference runs: metrics.jsonl, ref_* (docs/es.md)
   "$PY" - "$OUT" <<'PYEOF'
 import json, sys
@@ -173,11 +192,12 @@ PYEOF
 
 case "${1:-all}" in
   null) null ;;
+  summarise) summarise ;;
   save) save ;;
   arm) run "$2" "$3"; [ -z "${ANALYSE:-}" ] || analyse "$OUT/analyses/$3" "$(label "$3")=$3" ;;
   smollm2) smollm2; analyses ;;
   gemma) gemma; analyses ;;
   analyses) analyses ;;
   all) smollm2; gemma; analyses ;;
-  *) echo "usage: $0 [all|null|smollm2|gemma|analyses|save|arm KIND NAME]" >&2; exit 2 ;;
+  *) echo "usage: $0 [all|null|smollm2|gemma|analyses|summarise|save|arm KIND NAME]" >&2; exit 2 ;;
 esac

@@ -14,6 +14,8 @@ entries naming the committed files that decide it. The package has one module pe
   (``evaluate_study``).
 - ``testability``: which tests cannot pass or cannot fail by their definition (refused, or marked "untestable").
 - ``words``: one line per test, the verdict table's short cells.
+- ``preregistration``: when each test was declared against when its data existed (git history, recorded in
+  ``experiments/study/preregistration.json``), and every changed test's verdict as first declared.
 - ``page`` and ``figures``: ``docs/REPRODUCTION.md`` (``build_study``) and its small-multiple pass@k figures.
 
 Four kinds of test:
@@ -40,10 +42,9 @@ Statistics (``stats``; pure functions over what was read):
   with seed 0, and the 95% percentile interval of the resampled mean is reported with the observed mean
   difference. Problems missing the metric on either side (no entropy recorded) are left out.
 - Binary per-problem metrics (greedy; any metric whose per-problem values on both sides are all 0 or 1) get an
-  exact interval instead (``paired_binary_interval``): the discordance rate and the share of discordant problems
-  that b got right each get a Clopper-Pearson interval at 1 − α/2, and the interval of the difference is the range
-  over that box; McNemar's exact p is reported. It is never of zero width: "0 of 64 problems differ" still allows
-  a difference of ±0.066 at 95%.
+  exact interval instead (``paired_binary_interval``): the exact unconditional interval of the difference of the
+  two discordance rates (the score test inverted, its p maximised over the discordance rate); McNemar's exact p is
+  reported. It is never of zero width: "0 of 64 problems differ" still allows a difference of ±0.058 at 95%.
 - Several seeds (``seeds``): the estimate is the mean over runs of each run's mean change; runs on the same
   problems are averaged per problem and resampled together, runs on different problems are resampled on their own
   (``stratified_interval``). Per run, its own change and interval are shown beside.

@@ -41,6 +41,8 @@ from evolm.report.read import ANALYSIS_KINDS, Reader, Sources, gather
 from evolm.report.sections import analysis_sections, budget_section, configured_match, cost_section, probe_section
 from evolm.report.study.claims import ClaimsFile, load_claims
 from evolm.report.study.figures import claim_figure, passk_matrix
+from evolm.report.study.preregistration import Declared, declared
+from evolm.report.study.ratios import ratio_section
 from evolm.report.study.measure import ClaimOutcome, PremiseOutcome, StudyOutcome, evaluate_study, files_of, task_report
 from evolm.report.study.stats import (BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, FAMILY_RESAMPLES, LEVEL, bootstrap_curve,
                                       bootstrap_interval, exact_proportion_interval, is_binary, paired_binary_interval,
@@ -105,7 +107,8 @@ def bases_line(src: Sources) -> str:
     return f"**Bases**: {'; '.join(parts) or 'none read'}{note}."
 
 
-def summary_section(claims: ClaimsFile, study: StudyOutcome, src: Sources, twins: "Twins | None") -> Section:
+def summary_section(claims: ClaimsFile, study: StudyOutcome, src: Sources, twins: "Twins | None",
+                    pre: "Declared | None" = None) -> Section:
     """At most ``SUMMARY_LINES`` lines: bases, scale, verdicts, failed runs, twins, pending questions."""
     counts = {}
     for o in study.claims:
@@ -117,7 +120,13 @@ def summary_section(claims: ClaimsFile, study: StudyOutcome, src: Sources, twins
     lines = [bases_line(src)]
     if claims.study.scale:
         lines.append(f"**Scale**: {claims.study.scale.strip()}")
-    lines.append(f"**Verdicts** ({len(study.claims)} rows): {verdicts} ({named}).")
+    paper = [o for o in study.claims if _is_paper_claim(o)]
+    ours = [o for o in study.claims if not _is_paper_claim(o)]
+    if paper and ours:
+        lines.append(f"**Verdicts** ({len(study.claims)} rows): the paper's claims ({len(paper)}): {_counts(paper)}; "
+                     f"evolm's own questions ({len(ours)}): {_counts(ours)} ({named}).")
+    else:
+        lines.append(f"**Verdicts** ({len(study.claims)} rows): {verdicts} ({named}).")
     failed = [p for p in study.premises if p.holds is False]
     if failed:
         names = ", ".join(p.premise.run or p.premise.b.split("/")[-2] for p in failed)
@@ -125,17 +134,48 @@ def summary_section(claims: ClaimsFile, study: StudyOutcome, src: Sources, twins
     if twins is not None:
         lines.append(f"**Commutative twins** (arithmetic): {twins_line(twins)}")
     lines += [f"**Pending**: {p.strip()}" for p in claims.study.pending]
-    lines.append("**Reading it**: one row per claim below, then a section per claim; verdicts from each claim's counted "
-                 "tests at 95% (family-wise for a contradiction), margins declared per test in the claims file.")
+    if pre is None:
+        lines.append("**Reading it**: one row per claim below, then a section per claim; verdicts from each claim's counted "
+                     "tests at 95% (family-wise for a contradiction), margins declared per test in the claims file.")
+    else:
+        lines.append("**Reading it**: one row per claim below, then a section per claim; verdicts from each claim's counted "
+                     "tests at 95% (family-wise for a contradiction). **Pre-registration**: "
+                     + ", ".join(f"{n} tests {k.replace(' its ', ' their ')}" for k, n in pre.counts.items())
+                     + " (the changed ones beside their verdict as first declared: the section after the claims).")
     if len(lines) > SUMMARY_LINES:
         raise ValueError(f"the summary has {len(lines)} lines; at most {SUMMARY_LINES} (shorten [study] pending or scale)")
     return Section("Summary", ["\n".join(f"- {line}" for line in lines)])
 
 
-def verdict_table(study: StudyOutcome) -> Section:
-    rows = [[f"[{o.claim.id}](#{_anchor(o)}) {o.claim.claim}", f"**{o.verdict}**", key_number(o), why(o)]
-            for o in study.claims]
-    return Section("Verdicts", [Table(["claim", "verdict", "key number (95% interval)", "why"], rows)])
+def _is_paper_claim(o: ClaimOutcome) -> bool:
+    """The paper's claims (C1-C9) are counted apart from evolm's own questions (Q*)."""
+    return not o.claim.id.startswith("Q")
+
+
+def _counts(outcomes: list[ClaimOutcome]) -> str:
+    counts: dict[str, int] = {}
+    for o in outcomes:
+        counts[o.verdict] = counts.get(o.verdict, 0) + 1
+    return ", ".join(f"{n} {v}" for v, n in counts.items())
+
+
+def verdict_table(study: StudyOutcome, pre: "Declared | None" = None) -> Section:
+    """One row per claim, the paper's claims and evolm's questions in two tables, each row with whether its tests
+    were declared before their data (``preregistration``)."""
+    marks = {"before": "before its data", "after": "after its data", "changed": "changed after its data"}
+
+    def row(o: ClaimOutcome) -> list[str]:
+        cells = [f"[{o.claim.id}](#{_anchor(o)}) {o.claim.claim}", f"**{o.verdict}**", key_number(o), why(o)]
+        return cells + ([marks.get(pre.claims.get(o.claim.id, ""), "not recorded")] if pre is not None else [])
+
+    columns = ["claim", "verdict", "key number (95% interval)", "why"] + (["declared"] if pre is not None else [])
+    paper = [o for o in study.claims if _is_paper_claim(o)]
+    ours = [o for o in study.claims if not _is_paper_claim(o)]
+    blocks: list = []
+    for outcomes, what in ((paper, "The paper's claims"), (ours, "evolm's own questions (not the paper's claims)")):
+        if outcomes:
+            blocks += [f"**{what}** ({len(outcomes)}): {_counts(outcomes)}.", Table(columns, [row(o) for o in outcomes])]
+    return Section("Verdicts", blocks)
 
 
 def _anchor(o: ClaimOutcome) -> str:
@@ -436,8 +476,11 @@ def build_study(claims_path: str | Path, out: str | Path = "docs") -> StudyResul
     twins = reader.json(twins_path) if twins_path is not None and twins_path.exists() else None
     check = twins_check(twins, data, reader.json) if twins is not None else None
     match = common_match(src)
-    sections = [summary_section(claims, study, src, check), verdict_table(study)]
+    pre = declared(claims_path, claims, study, data, reader.json)
+    sections = [summary_section(claims, study, src, check, pre), verdict_table(study, pre)]
     sections += [claim_section(o, data, reader.json, canvas) for o in outcomes]
+    sections += [pre.section] if pre is not None else []
+    sections += [s for s in (ratio_section(data, reader.json),) if s is not None]
     sections += [s for s in (premises_section(study),) if s is not None]
     if twins is not None:
         sections.append(twins_section(twins, check, data))

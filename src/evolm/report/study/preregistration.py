@@ -1,0 +1,354 @@
+"""Pre-registration (issue 40, item 1): when each test was declared, when its data came to exist, and what changed.
+
+A test is declared by the commit that first put it into the claims file; its data exist from the earliest end of
+the runs it reads (``run.json``'s ``finished``, else ``started``) or, for a file outside a run directory (an analysis output), the
+commit that first added that file. A test is then "declared before its data", "declared after its data", or
+"changed after its data" when its terms (what decides it: expect, margin, threshold, premise it requires, the runs
+it pools) changed after its data existed; such a test is shown beside its verdict under the terms it was first
+declared with, measured on the same files.
+
+Design decisions:
+
+- The history is read from git once, by ``python -m evolm.report.study.preregistration CLAIMS`` (needs the
+  repository's history; ``experiments/study/run.sh`` does not call it), and committed as
+  ``experiments/study/preregistration.json`` beside the claims file; the page reads only that record, so it
+  regenerates without git. tests/test_preregistration.py checks the committed record against the history, so a
+  commit that changes the claims file without regenerating the record fails the tests.
+- A test is identified across versions by what it reads (claim id, kind, files, metric, path, task), not by its
+  name: most tests got their names on 2026-12-01, after they were declared. A test whose files changed is a new
+  test from that commit on (a later declaration date, never an earlier one).
+- Why a term changed is written by hand in ``experiments/study/revisions.toml`` (``[[revision]]``: claim, commit,
+  why); a change with no entry there reads "why: not recorded".
+- Claim premises (``[[claim.premise]]``) are dated the same way; a claim whose premise was added after its data
+  is also shown with its verdict without that premise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import subprocess
+import tomllib
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from evolm import config
+
+IDENTITY = ("kind", "run", "a", "b", "c", "d", "file", "path", "metric", "task")
+"""The fields that make a test the same test across versions of the claims file."""
+TERMS = ("expect", "margin", "margin_of", "threshold", "over", "minus", "unit", "requires", "context", "seeds",
+         "a_seeds", "b_seeds", "pairs")
+"""The fields that decide a test's verdict on given files: a change of one after the data is a post-hoc change."""
+BEFORE, AFTER, CHANGED = "declared before its data", "declared after its data", "changed after its data"
+RECORD = "preregistration.json"
+REVISIONS = "revisions.toml"
+
+
+def _git(*args: str, cwd: Path) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout
+
+
+def _iso(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def identity(claim_id: str, test: dict) -> tuple:
+    return (claim_id,) + tuple(str(test.get(f, "")) for f in IDENTITY)
+
+
+def terms(test: dict) -> dict:
+    return {f: test[f] for f in TERMS if f in test and test[f] not in ("", None, [], {})}
+
+
+def _tests(doc: dict) -> list[tuple[tuple, dict]]:
+    """Every test of one version, with its identity made unique by its order among equal identities."""
+    out, seen = [], {}
+    for claim in doc.get("claim", []):
+        for t in claim.get("test", []):
+            key = identity(claim.get("id", ""), t)
+            seen[key] = seen.get(key, 0) + 1
+            out.append((key + (seen[key],), t))
+        for p in claim.get("premise", []):
+            out.append(((claim.get("id", ""), "premise", p.get("id", "")), p))
+    return out
+
+
+def history(claims: Path, repo: Path) -> list[tuple[str, str, dict]]:
+    """(commit, date, parsed claims file) for every commit that changed it, oldest first."""
+    rel = claims.resolve().relative_to(repo.resolve())
+    out = []
+    for line in _git("log", "--reverse", "--format=%h %cI", "--", str(rel), cwd=repo).splitlines():
+        commit, date = line.split()
+        try:
+            doc = tomllib.loads(_git("show", f"{commit}:{rel}", cwd=repo))
+        except (tomllib.TOMLDecodeError, subprocess.CalledProcessError):
+            continue
+        out.append((commit, date, doc))
+    return out
+
+
+def added_dates(data: Path, repo: Path) -> dict[str, str]:
+    """The date each file under ``data`` was first committed (path relative to the repository)."""
+    rel = data.resolve().relative_to(repo.resolve())
+    dates, date = {}, ""
+    for line in _git("log", "--reverse", "--diff-filter=A", "--format=@%cI", "--name-only", "--", str(rel),
+                     cwd=repo).splitlines():
+        if line.startswith("@"):
+            date = line[1:]
+        elif line.strip():
+            dates.setdefault(line.strip(), date)
+    return dates
+
+
+def _utc(date: str) -> str:
+    return datetime.fromisoformat(date).astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def data_date(files: list[str], data: Path, repo: Path, added: dict[str, str]) -> tuple[str, str]:
+    """The earliest date any of a test's files existed, and where that date comes from."""
+    found = []
+    for f in files:
+        path = data / f
+        run = next((d for d in [path.parent, *path.parent.parents] if (d / "run.json").exists()
+                    and d.resolve().is_relative_to(data.resolve())), None)
+        if run is not None:
+            info = json.loads((run / "run.json").read_text())
+            end = info.get("finished") or info.get("started")
+            if end:
+                found.append((_iso(float(end)), f"{run.relative_to(data)}/run.json "
+                              f"{'finished' if info.get('finished') else 'started'}"))
+                continue
+        rel = str(path.resolve().relative_to(repo.resolve()))
+        if rel in added:
+            found.append((_utc(added[rel]), f"{f} first committed"))
+    return min(found) if found else ("", "")
+
+
+def _test_files(t: dict) -> list[str]:
+    if t.get("kind") == "change":
+        return [f"{r}/{n}" for r in [t.get("run", "")] + list(t.get("seeds", [])) for n in ("eval_before.json", "eval_after.json")]
+    if t.get("kind") == "value":
+        second = t.get("over") or t.get("minus") or {}
+        return [t.get("file", "")] + ([second["file"]] if second.get("file") else [])
+    names = [t.get(k, "") for k in ("a", "b", "c", "d", "a_base", "b_base")]
+    names += list(t.get("a_seeds", [])) + list(t.get("b_seeds", [])) + [f for p in t.get("pairs", []) for f in p]
+    return [n for n in names if n]
+
+
+def build_record(claims: Path, repo: Path) -> dict:
+    """The pre-registration record of the claims file's current tests, from the repository's history."""
+    versions = history(claims, repo)
+    current = tomllib.loads(claims.read_text())
+    data = Path(current.get("study", {}).get("data", "docs/study"))
+    data = data if data.is_absolute() else repo / data
+    added = added_dates(data, repo)
+    first: dict[tuple, tuple[str, str, dict]] = {}
+    last_change: dict[tuple, tuple[str, str]] = {}
+    last_seen: dict[tuple, dict] = {}
+    for commit, date, doc in versions:
+        for key, t in _tests(doc):
+            if key not in first:
+                first[key] = (commit, date, terms(t))
+            elif key in last_seen and terms(t) != last_seen[key]:
+                last_change[key] = (commit, date)
+        last_seen = {key: terms(t) for key, t in _tests(doc)}
+    rows = []
+    for key, t in _tests(current):
+        commit, date = first.get(key, ("uncommitted", ""))[:2]
+        is_premise = key[1] == "premise"
+        when, source = data_date(_test_files(t), data, repo, added)
+        row = {"claim": key[0], "name": t.get("id", "") if is_premise else t.get("name", ""),
+               "premise": is_premise, "declared": {"commit": commit, "date": _utc(date) if date else ""},
+               "data": {"date": when, "from": source}}
+        declared = row["declared"]["date"]
+        row["status"] = AFTER if (declared and when and declared > when) else BEFORE
+        if key in last_change and when and _utc(last_change[key][1]) > when:
+            ch_commit, ch_date = last_change[key]
+            original = first[key][2]
+            row.update(status=CHANGED, changed={"commit": ch_commit, "date": _utc(ch_date)},
+                       original={f: original.get(f) for f in sorted(set(original) | set(terms(t)))
+                                 if original.get(f) != terms(t).get(f)})
+        rows.append(row)
+    return {"claims_file": str(claims.resolve().relative_to(repo.resolve())),
+            "generated_by": "python -m evolm.report.study.preregistration " + str(claims.resolve().relative_to(repo.resolve())),
+            "tests": rows}
+
+
+@dataclass
+class Revision:
+    """Why a claim's tests changed after their data in one commit: ``[[revision]]`` in ``revisions.toml``."""
+
+    claim: str = ""
+    """The claim's id (e.g. ``C2``)."""
+    commit: str = ""
+    """The commit that changed them (its short hash, as the record names it)."""
+    why: str = ""
+    """Why they changed, and what they had been."""
+
+
+@dataclass
+class Revisions:
+    """``experiments/study/revisions.toml``."""
+
+    revision: list[Revision] = field(default_factory=list)
+    """The recorded reasons."""
+
+
+def load_record(claims_path: str | Path) -> tuple[dict | None, dict[tuple[str, str], str]]:
+    """The committed record beside the claims file (None when absent) and the reasons, by (claim, commit)."""
+    base = Path(claims_path).parent
+    record = json.loads((base / RECORD).read_text()) if (base / RECORD).exists() else None
+    reasons: dict[tuple[str, str], str] = {}
+    if (base / REVISIONS).exists():
+        for r in config.from_dict(Revisions, config.read_toml(base / REVISIONS)).revision:
+            reasons[(r.claim, r.commit)] = r.why
+    return record, reasons
+
+
+def original_test(test: Any, original: dict) -> Any:
+    """The test as first declared: its current fields with the original terms put back (absent terms cleared)."""
+    from evolm.report.study.claims import ClaimTest, MarginRef, ValueRef
+    changes: dict[str, Any] = {}
+    for f, v in original.items():
+        if f == "margin_of":
+            changes[f] = config.from_dict(MarginRef, v) if v else None
+        elif f in ("over", "minus"):
+            changes[f] = config.from_dict(ValueRef, v) if v else None
+        elif v is None:
+            changes[f] = getattr(ClaimTest(), f)
+        else:
+            changes[f] = v
+    return replace(test, **changes)
+
+
+def _short(v: Any) -> str:
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k} = {_short(x)}" for k, x in v.items()) + "}"
+    if isinstance(v, list):
+        return f"{len(v)} more" if v and all(isinstance(x, (str, list)) for x in v) else str(v)
+    return "none" if v is None else str(v)
+
+
+def original_terms(original: dict) -> str:
+    """``margin_of: none; margin: 0.016``: the terms as first declared, in the claims file's words."""
+    return "; ".join(f"{f} {_short(v)}" for f, v in original.items())
+
+
+@dataclass
+class Declared:
+    """What the page shows about pre-registration: counts, one line per claim, and the changed tests side by side."""
+
+    counts: dict[str, int]
+    claims: dict[str, str]
+    """claim id -> its one-word status for the summary row (``before``, ``after``, ``changed``)."""
+    section: Any
+
+
+def declared(claims_path: str | Path, claims: Any, study: Any, data: Path, read: Any) -> Declared | None:
+    """Compare each test's declaration with its data from the committed record and re-evaluate every changed claim
+    under its tests as first declared (and without premises added after its data), on the same files."""
+    from evolm.document import Section, Table
+    from evolm.report.study.measure import evaluate_claim
+    from evolm.report.study.verdicts import MARGIN_EXPECTS
+    record, reasons = load_record(claims_path)
+    if record is None:
+        return None
+    rows = {(r["claim"], r["name"], r["premise"]): r for r in record["tests"]}
+    run_gates = {d: p for p in study.premises if p.holds is False for d in p.premise.covers}
+    counts = {BEFORE: 0, AFTER: 0, CHANGED: 0}
+    per_claim, table, whys, late = {}, [], [], []
+    for o in study.claims:
+        c = o.claim
+        mine = [rows.get((c.id, t.name, False)) for t in c.test] + [rows.get((c.id, p.id, True)) for p in c.premise]
+        statuses = [r["status"] for r in mine if r]
+        for st in statuses:
+            counts[st] += 1
+        per_claim[c.id] = ("changed" if CHANGED in statuses else "after" if AFTER in statuses
+                           else "before" if statuses else "not recorded")
+        added_late = [p for p in c.premise if (r := rows.get((c.id, p.id, True))) and r["status"] == AFTER]
+        changed = [(i, rows[(c.id, t.name, False)]) for i, t in enumerate(c.test)
+                   if rows.get((c.id, t.name, False), {}).get("status") == CHANGED]
+        after = [t.name for t in c.test if rows.get((c.id, t.name, False), {}).get("status") == AFTER]
+        if after:
+            late.append(f"{c.id}: {len(after)} test{'s' if len(after) > 1 else ''} declared after {'their' if len(after) > 1 else 'its'} data "
+                        f"({', '.join(after[:3])}{', ...' if len(after) > 3 else ''})")
+        if not changed and not added_late:
+            continue
+        tests = list(c.test)
+        shown_terms = {}
+        for i, r in changed:
+            shown_terms[i] = original_terms(r["original"])
+            try:
+                tests[i] = original_test(tests[i], r["original"])
+            except Exception:  # an original term the loader no longer takes
+                tests[i] = None
+                continue
+            if tests[i].expect in MARGIN_EXPECTS and tests[i].margin is None and tests[i].margin_of is None:
+                n = o.tests[i].problems or 64  # the rule before margins were declared: one problem's share
+                tests[i] = dataclasses.replace(tests[i], margin=1 / n)
+                shown_terms[i] += f" (so the margin of that time: one problem's share, 1/{n} = {1 / n:.3f})"
+        first = dataclasses.replace(c, test=[t for t in tests if t is not None],
+                                    premise=[p for p in c.premise if p not in added_late])
+        try:
+            then = evaluate_claim(first, data, read, run_gates)
+            then_tests = {t.name: r for t, r in zip(first.test, then.tests)}
+            then_verdict = then.verdict
+        except Exception as e:
+            then_tests, then_verdict = {}, f"not computable ({str(e).splitlines()[0][:120]})"
+        now_tests = {t.name: r for t, r in zip(c.test, o.tests)}
+        for i, r in changed:
+            name = c.test[i].name
+            t_then = then_tests.get(name)
+            table.append([c.id, name, r["declared"]["date"][:16].replace("T", " "), r["data"]["date"][:16].replace("T", " "),
+                          f"{r['changed']['date'][:16].replace('T', ' ')} ({r['changed']['commit']})",
+                          shown_terms[i], now_tests[name].verdict,
+                          t_then.verdict if t_then is not None else "not computable"])
+        for p in added_late:
+            r = rows[(c.id, p.id, True)]
+            table.append([c.id, f"premise: {p.id}", r["declared"]["date"][:16].replace("T", " "),
+                          r["data"]["date"][:16].replace("T", " "), "added after its data", "no such premise", "", ""])
+        commits = sorted({r["changed"]["commit"] for _, r in changed} | {rows[(c.id, p.id, True)]["declared"]["commit"]
+                                                                          for p in added_late})
+        why = "; ".join(f"{k}: {reasons.get((c.id, k), 'why not recorded')}" for k in commits)
+        whys.append(f"- **{c.id}**: verdict now **{o.verdict}**; under its tests as first declared"
+                    f"{' and without the premises added after its data' if added_late else ''}: **{then_verdict}**. {why}")
+    blocks = [f"Each test is dated by the commit that first declared it (`git log` of the claims file, recorded in "
+              f"`experiments/study/{RECORD}` by `python -m evolm.report.study.preregistration`) and compared with the "
+              f"date its data came to exist (the runs' `run.json` finished time, else the file's first commit): "
+              f"{counts[BEFORE]} {BEFORE}, {counts[AFTER]} {AFTER}, {counts[CHANGED]} {CHANGED} (a term that decides the "
+              f"verdict - expect, margin, threshold, a premise it requires, the seeds it pools - changed after the data "
+              f"existed). A claim whose tests changed is re-evaluated on the same files under its tests as first "
+              f"declared, side by side with its verdict now."]
+    if table:
+        blocks.append(Table(["claim", "test", "declared (UTC)", "data (UTC)", "changed", "as first declared",
+                             "verdict now", "verdict as first declared"], table))
+    if whys:
+        blocks.append("\n".join(whys))
+    if late:
+        blocks.append("Declared after their data (never changed since):\n" + "\n".join(f"- {x}" for x in late))
+    return Declared(counts, per_claim, Section("Pre-registration: declared before or after the data", blocks))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Write the pre-registration record beside a claims file from git history.")
+    ap.add_argument("claims", nargs="?", default="experiments/study/claims.toml")
+    ap.add_argument("--check", action="store_true", help="exit 1 when the committed record differs from the history")
+    args = ap.parse_args(argv)
+    claims = Path(args.claims)
+    repo = Path(_git("rev-parse", "--show-toplevel", cwd=claims.resolve().parent).strip())
+    text = json.dumps(build_record(claims, repo), indent=1, ensure_ascii=False) + "\n"
+    out = claims.parent / RECORD
+    if args.check:
+        same = out.exists() and out.read_text() == text
+        print(f"{out}: {'matches' if same else 'differs from'} the history")
+        return 0 if same else 1
+    out.write_text(text)
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
