@@ -17,13 +17,17 @@ ROOT = Path(__file__).resolve().parents[1]
 FILES = sorted([*ROOT.glob("configs/*.toml"), *ROOT.glob("experiments/study/*.toml"), *ROOT.glob("experiments/refnum/*.toml"), *ROOT.glob("src/evolm/configs/*.toml")])
 
 
+STUDY_FILES = ("claims.toml", "revisions.toml")
+"""The study's declarations and their dated revisions (read by ``evolm report --study``), not run configs."""
+
+
 def _job_class(path: Path, data: dict):
     if "pipeline" in data:
         return PipelineJob
     return GRPOJob if "grpo" in data else config.ESJob
 
 
-@pytest.mark.parametrize("path", [f for f in FILES if f.name != "claims.toml"], ids=lambda p: str(p.relative_to(ROOT)))
+@pytest.mark.parametrize("path", [f for f in FILES if f.name not in STUDY_FILES], ids=lambda p: str(p.relative_to(ROOT)))
 def test_shipped_config_loads_validates_and_uses_current_names(path):
     data = tomllib.loads(path.read_text())
     cfg = config.load(_job_class(path, data), path)
