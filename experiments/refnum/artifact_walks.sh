@@ -16,7 +16,8 @@
 # Writes only under OUT (default runs/refnum-artifact): aw-<model>-<arm>-s<seed>-null/, their analyses (drift, sparsity,
 # localisation; analyses/aw-...-null/) and summary.json (experiments/refnum/artifact_summary.py: per model and seed, the
 # numbers the study's Q4 tests read); PUBLISH=docs/study/artifact copies the small files, analyses and summary there. Resumable: a finished walk is
-# skipped, a stopped one continued (null_walk.py --resume). Cost, one thread, from the committed null walks at
+# skipped, a stopped one continued (null_walk.py --resume); across sessions, a walk published under PUBLISH is restored
+# from there (small files and analyses) and counts as done. Cost, one thread, from the committed null walks at
 # Qiu et al.'s setting (N = 30): SmolLM2 exact ~1.3 s, reference ~10 s per update alone; Gemma reference ~42 s; the
 # artifact arm about the reference's plus its syncs: ~5 min + ~40 min + ~45 min per SmolLM2 seed, ~10 min + ~3 h +
 # ~3 h per Gemma seed.
@@ -70,9 +71,20 @@ analyse() {  # analyse NAME: drift, sparsity and localisation of a finished walk
   [ -f "$dir/localisation.json" ] || "$PY" -m evolm analyze localisation "${args[@]}" --k 100 --out "$dir"
 }
 
+restore() {  # restore NAME: a walk published by an earlier session (PUBLISH) and not under OUT: its small files and
+  # analyses copied back, so it counts as done (its weights are not needed: the summary reads only these files)
+  local name=$1 src="${PUBLISH:-}"
+  [ -n "$src" ] && [ ! -d "$OUT/$name" ] && grep -qs '"status": "finished"' "$src/runs/$name/run.json" || return 0
+  mkdir -p "$OUT/analyses"
+  cp -r "$src/runs/$name" "$OUT/$name"
+  [ -d "$src/analyses/$name" ] && cp -r "$src/analyses/$name" "$OUT/analyses/$name"
+  echo "$name: restored from $src"
+}
+
 for model in $MODELS; do
   for seed in $SEEDS; do
     for arm in exact reference artifact; do
+      restore "aw-$model-$arm-s$seed-null"
       walk "$model" "$arm" "$seed" > "$OUT/aw-$model-$arm-s$seed.log" 2>&1 || { echo "aw-$model-$arm-s$seed failed: see $OUT/aw-$model-$arm-s$seed.log" >&2; exit 1; }
       analyse "aw-$model-$arm-s$seed-null" >> "$OUT/aw-$model-$arm-s$seed.log" 2>&1
     done
