@@ -16,7 +16,7 @@ ROOT = Path(evolm.__file__).parent
 LAYERS = [
     ("bottom", {"errors", "seeding", "categories", "metrics", "rewards", "reference_rewards", "sandbox",
                 "resources", "markdown", "console", "plugins", "machine", "checksum"}),
-    ("core", {"config", "models", "embedded", "state", "runs", "tasks", "backends", "plots", "trackers", "memory",
+    ("core", {"config", "models", "embedded", "state", "runs", "tasks", "backends", "shards", "plots", "trackers", "memory",
               "streamsave"}),
     ("measure", {"evaluate", "heldout"}),
     ("engines", {"es", "grpo"}),

@@ -10,6 +10,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from evolm import shards
+from evolm.es import shard_noise
 from evolm.es.noise import make_noise
 from evolm.es.params import ParamSet
 
@@ -91,7 +92,7 @@ def test_sharded_perturbation_equals_the_full_tensor_bit_for_bit(size):
         for rank in range(size):
             idx = shards.local_indices(spec, rank, size)
             local = shards.local_slice(full, spec, rank, size)
-            shards.perturb_shard(local, params.noise, keys, idx, sign * sigma)
+            shard_noise.perturb_shard(local, params.noise, keys, idx, sign * sigma)
             want = shards.local_slice(perturbed[name].detach(), spec, rank, size)
             assert torch.equal(_bits(local), _bits(want)), (name, rank)
             checked += 1
@@ -141,7 +142,7 @@ def test_paramset_over_shards_with_shard_noise_equals_the_full_model(size):
     for rank in range(size):
         maps = {i: shards.local_indices(specs[n], rank, size) for i, n in zip(params.indices, params.names)}
         views = [shards.local_slice(t.detach(), specs[n], rank, size) for n, t in zip(params.names, params.tensors)]
-        ranks.append(ParamSet.from_tensors(shards.ShardNoise(11, maps), params.indices, params.names, views))
+        ranks.append(ParamSet.from_tensors(shard_noise.ShardNoise(11, maps), params.indices, params.names, views))
 
     def agree():
         for rank, ps in enumerate(ranks):

@@ -1,12 +1,12 @@
 """Tensor-parallel shards of Hugging Face tensors: which elements of the full HF-named tensor one vLLM
-TP rank holds, and their ES noise keyed by the element's index in the full tensor.
+TP rank holds (their ES noise, keyed by the element's index in the full tensor, is ``evolm.es.shard_noise``).
 
 Design decisions:
 
 - One description per HF tensor (``ShardSpec``: how vLLM splits it), computed once from the HF name and
   shape; ``local_indices(spec, rank, size)`` gives, for every element of rank ``rank``'s slice in row-major
   order, its flat index in the full HF tensor. The noise of that element is the counter noise of the
-  full tensor at that index (``counter_noise_at``), so a shard perturbed on its own holds exactly the
+  full tensor at that index (``evolm.es.shard_noise.counter_noise_at``), so a shard perturbed on its own holds exactly the
   bits of the same elements of the unsharded tensor perturbed whole: ES arithmetic is element-wise
   (``theta + round(sigma * eps)``), and only the noise's address could differ.
 - vLLM's splits (its ``linear.py`` / ``vocab_parallel_embedding.py``, mirrored, not imported, so this
@@ -18,8 +18,8 @@ Design decisions:
   HF element; norms and biases of row-parallel layers are replicated.
 - Inside a rank, a fused parameter is ``[q; k; v]`` or ``[gate; up]`` of that rank's blocks: the offsets
   within the fused local tensor are ``fused_offsets``.
-- Used by ``evolm.es.vllm_worker.tp_views`` (each rank's views and indices) and ``ShardNoise`` (the noise a
-  rank's ``ParamSet`` reads), and by the driver to compare each rank's checksums with its own slices.
+- Used by ``evolm.es.vllm_worker.tp_views`` (each rank's views and indices) and ``evolm.es.shard_noise.ShardNoise`` (the noise
+  a rank's ``ParamSet`` reads), and by the driver to compare each rank's checksums with its own slices.
   Tested: tests/test_tensor_parallel.py (plain tensors: the shards reassemble the full tensor, shard-wise
   perturb/restore/update equals ``ParamSet`` on the full model bit for bit) and tests/test_vllm_tp.py
   (a TP = 2 vLLM-CPU engine equals TP = 1 bit for bit).
@@ -30,8 +30,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-
-from evolm.es.noise import CounterNoise
 
 VOCAB_PADDING = 64
 """vLLM pads the embedding's vocabulary to a multiple of this (``DEFAULT_VOCAB_PADDING_SIZE``)."""
@@ -134,77 +132,3 @@ def fused_offsets(specs: list[ShardSpec], rank: int, size: int) -> list[tuple[in
         out.append((at, rows))
         at += rows
     return out
-
-
-def counter_noise_at(noise, keys: tuple[int, int], indices: torch.Tensor) -> torch.Tensor:
-    """Counter noise (``evolm.es.noise.CounterNoise``) of the full tensor with ``keys`` at flat ``indices``:
-    the same values ``noise.values(keys, 0, numel)[indices]`` gives, computed for these elements only."""
-    out = torch.empty(indices.numel(), dtype=torch.float32)
-    if indices.numel() == 0:
-        return out
-    first, last = int(indices[0]), int(indices[-1])
-    if last - first + 1 == indices.numel() and bool((indices[1:] - indices[:-1] == 1).all()):  # one run
-        return noise.values(keys, first, indices.numel(), out=out)
-    for a, b in _runs(indices):  # a row-parallel shard: one run per row
-        noise.values(keys, int(indices[a]), b - a, out=out[a:b])
-    return out
-
-
-def _runs(indices: torch.Tensor) -> list[tuple[int, int]]:
-    """Maximal stretches ``[a, b)`` of consecutive values in ``indices``."""
-    breaks = (torch.nonzero(indices[1:] - indices[:-1] != 1).view(-1) + 1).tolist()
-    edges = [0] + breaks + [indices.numel()]
-    return list(zip(edges[:-1], edges[1:]))
-
-
-@torch.no_grad()
-def perturb_shard(shard: torch.Tensor, noise, keys: tuple[int, int], indices: torch.Tensor, factor: float) -> None:
-    """``shard += round(factor * eps)`` with ``eps`` the full tensor's counter noise at ``indices`` (float32,
-    in place; the arithmetic of ``ParamSet.perturb`` on float32 weights: product rounded, then added)."""
-    flat = shard.view(-1)
-    d = torch.mul(counter_noise_at(noise, keys, indices), float(factor))
-    flat.add_(d)
-
-
-class ShardKeys(tuple):
-    """A (member, tensor)'s counter keys ``(k0, k1)`` with the full-tensor ``indices`` of a shard's elements."""
-
-    indices: torch.Tensor
-
-
-class ShardNoise(CounterNoise):
-    """Counter noise of TP shards: ``values(keys, start, count)`` of a shard are the full tensor's noise at
-    the global indices of shard elements ``start .. start + count - 1`` (``index_maps``: HF tensor index ->
-    ``local_indices``). ``ParamSet.from_tensors`` over the shard views then perturbs, restores and updates
-    with the torch ops (``kernels = False``), whose arithmetic the kernels share."""
-
-    kernels = False
-
-    def __init__(self, seed: int, index_maps: dict[int, torch.Tensor], device="cpu"):
-        super().__init__(seed, device)
-        self.index_maps = index_maps
-
-    def keys(self, iteration: int, direction: int, param_index: int) -> ShardKeys:
-        keys = ShardKeys(super().keys(iteration, direction, param_index))
-        keys.indices = self.index_maps[param_index]
-        return keys
-
-    def values(self, keys, start: int, count: int, out: torch.Tensor | None = None, kernel: bool = True) -> torch.Tensor:
-        indices = getattr(keys, "indices", None)
-        if indices is None:
-            return super().values(keys, start, count, out, kernel)
-        noise = counter_noise_at(_Full(self), tuple(keys), indices[start:start + count])
-        if out is None:
-            return noise
-        out[:count].copy_(noise)
-        return out[:count]
-
-
-class _Full:
-    """The full tensor's counter values of a ``ShardNoise`` (its base class's ``values``)."""
-
-    def __init__(self, noise: ShardNoise):
-        self.noise = noise
-
-    def values(self, keys, start, count, out=None):
-        return CounterNoise.values(self.noise, keys, start, count, out)

@@ -367,7 +367,7 @@ class CounterNoise(NoiseSource):
     update_arithmetic = COUNTER_UPDATE
     kernels = True
     """Whether ParamSet may hand this source's keys to the compiled/Triton kernels, which address elements
-    0 .. numel - 1 of the tensor; ``evolm.shards.ShardNoise`` (a TP shard's elements sit elsewhere in the
+    0 .. numel - 1 of the tensor; ``evolm.es.shard_noise.ShardNoise`` (a TP shard's elements sit elsewhere in the
     full tensor) says False and is read through ``values`` only."""
 
     def __init__(self, seed: int, device: str | torch.device = "cpu"):

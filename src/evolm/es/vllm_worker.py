@@ -17,7 +17,7 @@ Design decisions:
 - Tensor parallelism (``generation.vllm_tensor_parallel_size``): each rank maps the HF tensors onto its own
   slices (``tp_views``: ``evolm.shards`` says which elements of the full tensor a rank holds and where they
   sit in the fused local parameter) and draws each element's noise by its index in the full HF tensor
-  (``shards.ShardNoise``), so its members and updates are those of a TP = 1 engine bit for bit; every
+  (``shard_noise.ShardNoise``), so its members and updates are those of a TP = 1 engine bit for bit; every
   rank answers for its own slices and the driver compares them with its own.
 - The worker builds its own ``ParamSet`` over those views (``ParamSet.from_tensors``) and its own noise
   source from the driver's ``noise.describe()`` (same seed and table size), so only
@@ -213,7 +213,7 @@ class ESWorkerExtension:
             layout = [(i, v.numel()) for i, v in zip(indices, views)]
             source = noise_from_header(noise, layout, device)  # the driver's noise, rebuilt from its description
             if self._es_indices is not None:  # a TP shard: the noise of each element's index in the full tensor
-                from evolm.shards import ShardNoise
+                from evolm.es.shard_noise import ShardNoise
 
                 if source.kind != "counter":
                     raise RuntimeError("tensor parallelism needs counter noise (es.noise = 'counter')")
