@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from summarise import SMALL, _below_1x, summarise_run  # noqa: E402
+from summarise import _below_1x, copy_analyses, copy_run_files, summarise_run  # noqa: E402
 
 NAME = re.compile(r"^aw-(?P<model>[a-z0-9]+)-(?P<arm>exact|reference|artifact)-s(?P<seed>\d+)-null$")
 ARMS = ("exact", "reference", "artifact")
@@ -106,18 +106,8 @@ def markdown(summary: dict) -> str:
 
 def publish(out: Path, dest: Path) -> None:
     for run in sorted(p for p in out.iterdir() if NAME.match(p.name) and (p / "config.toml").exists()):
-        d = dest / "runs" / run.name
-        d.mkdir(parents=True, exist_ok=True)
-        for name in SMALL:
-            if (run / name).exists():
-                shutil.copy2(run / name, d / name)
-        analyses = out / "analyses" / run.name
-        if analyses.is_dir():
-            a = dest / "analyses" / run.name
-            a.mkdir(parents=True, exist_ok=True)
-            for f in analyses.iterdir():
-                if f.suffix in (".json", ".png"):
-                    shutil.copy2(f, a / f.name)
+        copy_run_files(run, dest / "runs" / run.name)
+        copy_analyses(out / "analyses" / run.name, dest / "analyses" / run.name)
     for name in ("summary.json", "summary.md"):
         shutil.copy2(out / name, dest / name)
 

@@ -33,6 +33,24 @@ CATS = ("norm", "attention", "mlp", "embedding")
 PAPER_SPARSITY = (0.776, 0.930)
 
 
+def copy_run_files(run: Path, dest: Path) -> None:
+    """A run's small files (``SMALL``, no weights) into ``dest``."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in SMALL:
+        if (run / name).exists():
+            shutil.copy2(run / name, dest / name)
+
+
+def copy_analyses(analyses: Path, dest: Path) -> None:
+    """An analysis directory's ``*.json`` and ``*.png`` into ``dest`` (nothing when it does not exist)."""
+    if not analyses.is_dir():
+        return
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in analyses.iterdir():
+        if f.suffix in (".json", ".png"):
+            shutil.copy2(f, dest / f.name)
+
+
 def _load(path: Path):
     return json.loads(path.read_text()) if path.exists() else None
 
@@ -215,26 +233,13 @@ def main(argv=None) -> int:
     src, out = Path(args.runs), Path(args.out)
     rows = []
     for run in sorted(p for p in src.iterdir() if (p / "config.toml").exists() and (p / "run.json").exists()):
-        dest = out / "runs" / run.name
-        dest.mkdir(parents=True, exist_ok=True)
-        for name in SMALL:
-            if (run / name).exists():
-                shutil.copy2(run / name, dest / name)
+        copy_run_files(run, out / "runs" / run.name)
         analyses = src / "analyses" / run.name
-        if analyses.is_dir():
-            adest = out / "analyses" / run.name
-            adest.mkdir(parents=True, exist_ok=True)
-            for f in analyses.iterdir():
-                if f.suffix in (".json", ".png"):
-                    shutil.copy2(f, adest / f.name)
+        copy_analyses(analyses, out / "analyses" / run.name)
         rows.append(summarise_run(run, analyses))
         for earlier in sorted(src.glob(f"analyses/{run.name}-at-*")):  # the same run at an earlier update (replayed)
             at = int(earlier.name.rsplit("-at-", 1)[1])
-            adest = out / "analyses" / earlier.name
-            adest.mkdir(parents=True, exist_ok=True)
-            for f in earlier.iterdir():
-                if f.suffix in (".json", ".png"):
-                    shutil.copy2(f, adest / f.name)
+            copy_analyses(earlier, out / "analyses" / earlier.name)
             rows.append(summarise_run(run, earlier, at))
     earlier = _load(out / "summary.json") or {"runs": {}}
     have = {r["run"] for r in rows}
