@@ -20,6 +20,8 @@ Method (the measurement of issue 44: same run, one thread each, pinned to separa
   template, their reward, greedy) on the same file's first P rows, the same N, P and token limit, float32,
   one thread, no held-out evaluation; seconds per update from ``metrics.jsonl`` (the same span: members and
   update). ``generation.prefix_cache`` is on (the default); ``--no-prefix-cache`` turns it off.
+  ``generation.cpu_matmul`` is ``auto`` (oneDNN linears where torch has oneDNN); ``--cpu-matmul torch`` runs
+  torch's BLAS as evolm did before it.
 - Both processes start at once, ``taskset`` to cores 0 and 1 (when the machine has two), so the machine's
   state is shared; the load average is recorded before and after. Their first iteration includes no
   compilation that evolm's lacks (neither compiles), so every iteration counts; medians are reported.
@@ -73,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=16)
     ap.add_argument("--iterations", type=int, default=3)
     ap.add_argument("--no-prefix-cache", action="store_true")
+    ap.add_argument("--cpu-matmul", choices=["auto", "onednn", "torch"], default="auto",
+                    help="evolm's generation.cpu_matmul (torch: torch's BLAS, as evolm ran before oneDNN linears)")
     args = ap.parse_args(argv)
 
     repo, out = Path(args.qiu_repo).expanduser(), Path(args.out)
@@ -107,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
             f"es.population={args.members}", f"es.prompts_per_iteration={args.prompts}",
             f"generation.max_new_tokens={args.max_new_tokens}", f"generation.batch_size={args.prompts}",
             f"generation.prefix_cache={'false' if args.no_prefix_cache else 'true'}", "eval.before_after=false",
+            f"generation.cpu_matmul='{args.cpu_matmul}'",
             f"task.params={{path='{data}', train_rows={args.prompts}, test_rows=1}}"]
     ours_cmd = _pin(0) + [sys.executable, "-m", "evolm", "es", "--config", str(ROOT / "configs" / "es-countdown-qiu.toml")]
     for s in sets:
@@ -128,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     our_s = [r["seconds"] for r in records if r.get("kind") == "train"]
     result = {"cpu": _cpu_name(), "threads": 1, "model": "smollm2-135m", "dtype": "float32", "members": args.members,
               "prompts": args.prompts, "max_new_tokens": args.max_new_tokens, "iterations": args.iterations,
-              "prefix_cache": not args.no_prefix_cache, "qiu_commit": _commit(repo),
+              "prefix_cache": not args.no_prefix_cache, "cpu_matmul": args.cpu_matmul, "qiu_commit": _commit(repo),
               "seconds_qiu": their_s, "seconds_evolm": our_s,
               "median_qiu": statistics.median(their_s), "median_evolm": statistics.median(our_s),
               "ratio": statistics.median(their_s) / statistics.median(our_s),

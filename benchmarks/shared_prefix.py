@@ -1,9 +1,14 @@
-"""Shared-prefix prefill (``generation.prefix_cache``): seconds per ES iteration with and without it, side by
-side in one process, on the default model (HF backend, float32, CPU, one thread by default).
+"""Shared-prefix prefill (``generation.prefix_cache``) or oneDNN linears (``generation.cpu_matmul``): seconds per ES
+iteration with and without, side by side in one process, on the default model (HF backend, float32, CPU, one thread
+by default).
 
-    python benchmarks/shared_prefix.py --out runs/bench/shared_prefix            # the measurement
+    python benchmarks/shared_prefix.py --out runs/bench/shared_prefix            # the prefix measurement
+    python benchmarks/shared_prefix.py --out runs/bench/cpu_matmul --knob cpu_matmul   # torch's BLAS against oneDNN
     python benchmarks/shared_prefix.py --out DIR --countdown-data ~/data/countdown.json   # Qiu et al.'s own file
     python benchmarks/shared_prefix.py --out DIR --members 2 --prompts 4 --max-new-tokens 4 --repeats 1   # smoke
+
+The two sides (``--knob``): ``prefix_cache`` off / on (linears as ``generation.cpu_matmul = "auto"`` runs them), or
+``cpu_matmul`` torch / onednn (prefix cache on). "off" names the first side, "on" the second, in the output.
 
 Workloads (each an ES job config with the sizes below set on it):
 
@@ -20,18 +25,19 @@ Method, per workload (``--members`` one-point members of iteration 0, ``--prompt
 split, greedy as both configs are, ``--max-new-tokens``, ``--batch-size``):
 
 - time: ``LocalPopulation.score`` as ES runs it (perturb, generate, reward, restore per member) through
-  two HF generators on the same model and weights, ``prefix_cache`` off and on, alternated ``--repeats``
+  two HF generators on the same model and weights, the knob's two sides, alternated ``--repeats``
   times (off first on even repeats, on first on odd ones); wall and process CPU seconds, medians, and the
   ratio off / on. The update is the same on both sides and is not run;
 - FLOPs: ``torch.utils.flop_counter.FlopCounterMode`` over one call of the unperturbed model per side:
   with ``max_new_tokens = 1`` (the prefill alone: the shared prefix at batch 1 plus the rows' suffixes on
   the cached side) and with the workload's ``max_new_tokens`` (the whole call); the share saved is
-  1 - on / off;
+  1 - on / off. Counted with torch's linears on both sides (the counter does not see oneDNN's op; the
+  oneDNN side does the same FLOPs as torch's); GFLOPS per side = call FLOPs x members / seconds;
 - agreement: every member's completions (text, token count, finished) compared between the two sides,
   the share identical, and the share of completions with equal rewards and of members with equal fitness
   (the prefill is split, so the logits round differently and a near-tie may flip; see backends/hf.py).
 
-Writes ``--out``/shared_prefix.json and prints a markdown table. Run it alone on the machine: the two
+Writes ``--out``/<knob>.json (shared_prefix.json for the prefix) and prints a markdown table. Run it alone on the machine: the two
 sides share one process, but the machine's load moves between repeats.
 """
 
@@ -46,6 +52,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+KNOBS = {"prefix_cache": {"off": {"prefix_cache": False}, "on": {"prefix_cache": True}},
+         "cpu_matmul": {"off": {"cpu_matmul": "torch"}, "on": {"cpu_matmul": "onednn"}}}
+"""Per ``--knob``, the HFGenerator arguments of its two sides."""
+OUTPUT = {"prefix_cache": "shared_prefix.json", "cpu_matmul": "cpu_matmul.json"}
 WORKLOADS = {"countdown-qiu": ROOT / "configs" / "es-countdown-qiu.toml",
              "arithmetic": ROOT / "src" / "evolm" / "configs" / "demo.toml"}
 QIU_CONTEXT = ("You are a helpful assistant. You first think about the reasoning process in your mind and then provide the "
@@ -127,13 +137,16 @@ def measure(name: str, model, tokenizer, args) -> dict:
     g = cfg.generation
     sampling = SamplingParams(n=1, temperature=g.temperature, top_p=g.top_p, max_new_tokens=g.max_new_tokens,
                               seed=seed31(cfg.run.seed, "sampling", 0))
-    generators = {mode: HFGenerator(model, tokenizer, batch_size=g.batch_size, prefix_cache=mode == "on") for mode in ("off", "on")}
+    sides = KNOBS[args.knob]
+    generators = {mode: HFGenerator(model, tokenizer, batch_size=g.batch_size, **sides[mode]) for mode in ("off", "on")}
+    counted = {mode: HFGenerator(model, tokenizer, batch_size=g.batch_size, **{**sides[mode], "cpu_matmul": "torch"})
+               for mode in ("off", "on")}
     params = build_paramset(model, cfg)
     pops = {mode: LocalPopulation(params, gen, task) for mode, gen in generators.items()}
     layout = member_layout(cfg.es.estimator, cfg.es.population)
 
     prefill = SamplingParams(n=1, temperature=0.0, max_new_tokens=1)
-    flops = {mode: {"prefill": _flops(gen, prompts, prefill), "call": _flops(gen, prompts, sampling)} for mode, gen in generators.items()}
+    flops = {mode: {"prefill": _flops(gen, prompts, prefill), "call": _flops(gen, prompts, sampling)} for mode, gen in counted.items()}
 
     seen: dict[str, list] = {"off": [], "on": []}
     for mode, gen in generators.items():
@@ -159,7 +172,7 @@ def measure(name: str, model, tokenizer, args) -> dict:
     off, on = statistics.median(wall["off"]), statistics.median(wall["on"])
     off_cpu, on_cpu = statistics.median(cpu["off"]), statistics.median(cpu["on"])
     return {
-        "workload": name, "config": str(WORKLOADS[name].relative_to(ROOT)), "task": cfg.task.name, "reward": str(cfg.task.reward),
+        "workload": name, "knob": args.knob, "sides": sides, "config": str(WORKLOADS[name].relative_to(ROOT)), "task": cfg.task.name, "reward": str(cfg.task.reward),
         "countdown_data": args.countdown_data or ("qiu-style, generated" if name == "countdown-qiu" else None),
         "members": len(layout), "prompts": len(prompts), "max_new_tokens": g.max_new_tokens, "batch_size": g.batch_size,
         **_layout_stats(generators["on"], tokenizer, prompts, g.batch_size, g.max_new_tokens),
@@ -170,6 +183,7 @@ def measure(name: str, model, tokenizer, args) -> dict:
         "prefill_flops_saved": 1 - flops["on"]["prefill"] / flops["off"]["prefill"],
         "call_gflop_off": flops["off"]["call"] / 1e9, "call_gflop_on": flops["on"]["call"] / 1e9,
         "call_flops_saved": 1 - flops["on"]["call"] / flops["off"]["call"],
+        "gflops_off": flops["off"]["call"] * len(layout) / off / 1e9, "gflops_on": flops["on"]["call"] * len(layout) / on / 1e9,
         "prefill_share_of_call_flops": flops["off"]["prefill"] / flops["off"]["call"],
         "completions": len(rows["off"]),
         "identical": sum(a == b for a, b in zip(rows["off"], rows["on"])) / max(1, len(rows["off"])),
@@ -182,19 +196,21 @@ def measure(name: str, model, tokenizer, args) -> dict:
 
 def table(rows: list[dict]) -> str:
     lines = ["| workload | prompt tokens | shared | s/iter off | on | speed-up | CPU s off | on | speed-up "
-             "| prefill FLOPs saved | call FLOPs saved | identical | rewards equal |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| prefill FLOPs saved | call FLOPs saved | GFLOPS off | on | identical | rewards equal |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['workload']} | {r['prompt_tokens_mean']:.1f} | {r['shared_prefix_per_batch']} "
                      f"| {r['seconds_off']:.1f} | {r['seconds_on']:.1f} | **{r['speedup']:.2f}x** "
                      f"| {r['cpu_seconds_off']:.1f} | {r['cpu_seconds_on']:.1f} | {r['cpu_speedup']:.2f}x "
-                     f"| {r['prefill_flops_saved']:.1%} | {r['call_flops_saved']:.1%} | {r['identical']:.3f} | {r['rewards_equal']:.3f} |")
+                     f"| {r['prefill_flops_saved']:.1%} | {r['call_flops_saved']:.1%} | {r['gflops_off']:.0f} | {r['gflops_on']:.0f} "
+                     f"| {r['identical']:.3f} | {r['rewards_equal']:.3f} |")
     return "\n".join(lines)
 
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", required=True, help="directory for shared_prefix.json (and the generated Countdown file)")
+    p.add_argument("--out", required=True, help="directory for the result (and the generated Countdown file)")
+    p.add_argument("--knob", choices=sorted(KNOBS), default="prefix_cache", help="what the two sides differ in")
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated: " + ", ".join(WORKLOADS))
@@ -217,9 +233,9 @@ def main(argv=None) -> None:
     torch.set_num_threads(args.threads)
     model, tokenizer = models.load(args.model, dtype="float32", threads=args.threads)
     rows = [measure(name, model, tokenizer, args) for name in args.workloads.split(",")]
-    result = {"device": _cpu_name(), "threads": args.threads, "model": args.model, "torch": torch.__version__,
+    result = {"device": _cpu_name(), "knob": args.knob, "threads": args.threads, "model": args.model, "torch": torch.__version__,
               "dtype": "float32", "repeats": args.repeats, "rows": rows}
-    out = Path(args.out) / "shared_prefix.json"
+    out = Path(args.out) / OUTPUT[args.knob]
     out.write_text(json.dumps(result, indent=1))
     print(table(rows))
     print(f"wrote {out}")

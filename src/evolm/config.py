@@ -199,6 +199,8 @@ class GenerationConfig:
     """Nucleus sampling mass while training (ignored when greedy)."""
     prefix_cache: bool = True
     """hf backend: run the token prefix a batch's prompts share (system message, worked demonstrations) once per batch and member, and reuse its KV cache for every row; false prefills each prompt whole. Same completions as without it up to float rounding (the split prefill rounds differently); batches where a sliding attention window could see the padding between prefix and suffix fall back to plain left padding."""
+    cpu_matmul: Literal["auto", "onednn", "torch"] = "auto"
+    """hf backend on the CPU: the kernels of float32 linear layers while generating. onednn runs them through oneDNN's matmul (AVX-512 on AMD CPUs, where torch's MKL sgemm runs its AVX2 kernels: 1.5-2.2x per GEMM on this project's AMD EPYC, docs/benchmarks.md), torch through torch's own BLAS; auto: onednn where torch has oneDNN (every x86 wheel). Rounds differently from torch's (relative ~1e-6: greedy tokens may differ at near-ties); each choice is deterministic and thread-count invariant. Training with gradients (GRPO's loss), bfloat16, CUDA and vLLM are unaffected."""
     verify: Literal["off", "on", "auto"] = "off"
     """ES members on the hf backend, greedy: on decodes the centre's completions once per update and verifies every member against them (one teacher-forced forward; decoding resumes only from a member's first differing token), logging verify_identical / verify_prefix; auto does so and turns itself off for the rest of the run once an update's mean shared-prefix fraction is below 0.5. Same completions up to near-tie argmax rounding (docs/es.md)."""
     eval_backend: Literal["hf", "same"] = "hf"
@@ -983,6 +985,7 @@ def to_toml(cfg) -> str:
 
 RESUME_MAY_CHANGE = ("run.name", "run.out_dir", "run.checkpoint_every", "run.keep_checkpoints", "run.progress",
                      "model.threads", "model.device", "generation.batch_size", "generation.prefix_cache",
+                     "generation.cpu_matmul",
                      "eval.before_after", "probe.every", "run.save", "run.save_dtype", "run.report_to",
                      "run.tracker_project", "run.wandb_mode", "distributed.workers", "distributed.address",
                      "distributed.threads", "distributed.gpus", "distributed.max_restarts",

@@ -183,7 +183,8 @@ def evaluate_like(run_path, model_spec: str | None = None, *, dtype: str | None 
                      "seed_derivation": "the run's held-out evaluation: problems seed31(run.seed, 'heldout', task), "
                                         "sampling seed31(run.seed, 'heldout-sampling')",
                      "greedy": True, "batch_size": cfg.generation.batch_size,
-                     "prefix_cache": cfg.generation.prefix_cache, "backend": cfg.generation.backend},
+                     "prefix_cache": cfg.generation.prefix_cache,
+                     "cpu_matmul": cfg.generation.cpu_matmul, "backend": cfg.generation.backend},
         "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "tasks": {task.name: result},
     }

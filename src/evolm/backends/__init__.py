@@ -6,13 +6,14 @@ from evolm.backends.base import Completion, Generator, SamplingParams
 from evolm.errors import ConfigError
 
 
-def make_generator(backend: str, model, tokenizer, batch_size: int = 32, prefix_cache: bool = True, **engine) -> Generator:
-    """Build the backend named in ``generation.backend`` around a loaded model (``engine``: the vLLM
-    engine's options, ``engine_options(cfg)``)."""
+def make_generator(backend: str, model, tokenizer, batch_size: int = 32, prefix_cache: bool = True,
+                   cpu_matmul: str = "auto", **engine) -> Generator:
+    """Build the backend named in ``generation.backend`` around a loaded model (``prefix_cache``, ``cpu_matmul``:
+    the hf backend's ``generation.*`` knobs; ``engine``: the vLLM engine's options, ``engine_options(cfg)``)."""
     if backend == "hf":
         from evolm.backends.hf import HFGenerator  # torch + transformers: not for code that only reads results
 
-        return HFGenerator(model, tokenizer, batch_size=batch_size, prefix_cache=prefix_cache)
+        return HFGenerator(model, tokenizer, batch_size=batch_size, prefix_cache=prefix_cache, cpu_matmul=cpu_matmul)
     if backend == "vllm":
         from evolm.backends.vllm import VLLMGenerator
 
@@ -53,9 +54,9 @@ def make_generators(cfg, model, tokenizer) -> tuple[Generator, Generator]:
     engine of its own; its HF copy takes the updates, held-out evaluation, probes and the centre's score."""
     g = cfg.generation
     if actors_generate(cfg):
-        driver = make_generator("hf", model, tokenizer, g.batch_size, g.prefix_cache)
+        driver = make_generator("hf", model, tokenizer, g.batch_size, g.prefix_cache, g.cpu_matmul)
         return driver, driver
-    train = make_generator(g.backend, model, tokenizer, g.batch_size, g.prefix_cache, **engine_options(cfg))
+    train = make_generator(g.backend, model, tokenizer, g.batch_size, g.prefix_cache, g.cpu_matmul, **engine_options(cfg))
     if heldout_backend(cfg) == g.backend:
         return train, train
     return train, make_heldout_generator(cfg, model, tokenizer)
@@ -64,7 +65,8 @@ def make_generators(cfg, model, tokenizer) -> tuple[Generator, Generator]:
 def make_heldout_generator(cfg, model, tokenizer) -> Generator:
     """Only the held-out generator of a job config (``evolm eval --like`` measures as the run did)."""
     g = cfg.generation
-    return make_generator(heldout_backend(cfg), model, tokenizer, g.batch_size, g.prefix_cache, **engine_options(cfg))
+    return make_generator(heldout_backend(cfg), model, tokenizer, g.batch_size, g.prefix_cache, g.cpu_matmul,
+                          **engine_options(cfg))
 
 
 __all__ = ["Completion", "Generator", "SamplingParams", "actors_generate", "engine_options", "heldout_backend", "make_generator",

@@ -38,6 +38,7 @@ from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
 
 from evolm.backends.base import Completion, Generator, SamplingParams
+from evolm.backends import cpu_matmul as matmul
 
 
 class _EntropyRecorder(LogitsProcessor):
@@ -64,8 +65,11 @@ def sliding_window(model) -> int | None:
 
 
 class HFGenerator(Generator):
-    def __init__(self, model, tokenizer, batch_size: int = 32, prefix_cache: bool = True, min_prefix: int = 16):
+    def __init__(self, model, tokenizer, batch_size: int = 32, prefix_cache: bool = True, min_prefix: int = 16,
+                 cpu_matmul: str = "auto"):
         self.model = model
+        self.cpu_matmul = cpu_matmul
+        matmul.resolve(cpu_matmul)  # a bad choice fails here, not at the first generate
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.prefix_cache = prefix_cache
@@ -79,11 +83,17 @@ class HFGenerator(Generator):
     def device(self):
         return next(self.model.parameters()).device
 
+    def kernels(self):
+        """The block in which this generator's forward passes run (float32 CPU linears through oneDNN unless
+        ``generation.cpu_matmul = "torch"``: ``evolm.backends.cpu_matmul``)."""
+        return matmul.cpu_matmul(self.model, self.cpu_matmul)
+
     def generate(self, prompts: list[str], params: SamplingParams) -> list[list[Completion]]:
         sequences = [p for p in prompts for _ in range(params.n)]
         flat: list[Completion] = []
-        for b, start in enumerate(range(0, len(sequences), self.batch_size)):
-            flat += self._generate_batch(sequences[start:start + self.batch_size], params, seed=params.seed * 1_000_003 + b)
+        with self.kernels():
+            for b, start in enumerate(range(0, len(sequences), self.batch_size)):
+                flat += self._generate_batch(sequences[start:start + self.batch_size], params, seed=params.seed * 1_000_003 + b)
         return [flat[i * params.n:(i + 1) * params.n] for i in range(len(prompts))]
 
     def _encode(self, prompts: list[str], max_new_tokens: int) -> dict:

@@ -77,6 +77,13 @@ class HFMemberGenerator:
         base = self.base
         sequences = [p for p in prompts for _ in range(params.n)]
         per_member: list[list[Completion]] = [[] for _ in range(members)]
+        with base.kernels():
+            self._generate_into(per_member, sequences, params, members)
+        n = params.n
+        return [[per_member[m][i * n:(i + 1) * n] for i in range(len(prompts))] for m in range(members)]
+
+    def _generate_into(self, per_member: list[list[Completion]], sequences: list[str], params: SamplingParams, members: int) -> None:
+        base = self.base
         for b, start in enumerate(range(0, len(sequences), base.batch_size)):
             chunk = sequences[start:start + base.batch_size]
             seed = params.seed * 1_000_003 + b
@@ -91,5 +98,3 @@ class HFMemberGenerator:
             flat = base._generate_encoded(enc, params, seed, sampler)
             for m in range(members):
                 per_member[m] += flat[m * len(chunk):(m + 1) * len(chunk)]
-        n = params.n
-        return [[per_member[m][i * n:(i + 1) * n] for i in range(len(prompts))] for m in range(members)]

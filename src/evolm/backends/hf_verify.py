@@ -152,6 +152,10 @@ class HFVerifier:
     def centre(self, prompts: list[str], params: SamplingParams) -> Centre:
         """Decode the current weights' (the centre's) completions, keeping their token ids."""
         check_supported(params)
+        with self.base.kernels():
+            return self._centre(prompts, params)
+
+    def _centre(self, prompts: list[str], params: SamplingParams) -> Centre:
         base = self.base
         sequences = [p for p in prompts for _ in range(params.n)]
         batches, flat, steps = [], [], 0
@@ -185,8 +189,9 @@ class HFVerifier:
             raise ValueError("verification: the member's sampling parameters differ from the centre's")
         stats = VerifyStats()
         flat: list[Completion] = []
-        for batch in centre.batches:
-            flat += self._verify_batch(batch, params, stats)
+        with self.base.kernels():
+            for batch in centre.batches:
+                flat += self._verify_batch(batch, params, stats)
         n = params.n
         return [flat[i * n:(i + 1) * n] for i in range(len(flat) // n)], stats
 
