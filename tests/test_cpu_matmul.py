@@ -108,7 +108,20 @@ def test_the_hf_generator_runs_its_forward_passes_in_the_block(tiny_model, token
 
 def test_the_config_field_is_validated_documented_and_may_change_on_resume():
     cfg = ESJob()
-    assert cfg.generation.cpu_matmul == "auto"
+    assert cfg.generation.cpu_matmul == "auto"  # resolved at validation (next test)
     assert "generation.cpu_matmul" in RESUME_MAY_CHANGE
     with pytest.raises(ValueError, match="cpu_matmul"):
         HFGenerator(_mlp(), None, cpu_matmul="fast")
+
+
+def test_auto_is_resolved_and_recorded_and_an_older_runs_config_measures_with_torchs_linears():
+    from evolm import config
+    from evolm.heldout import like_config
+
+    cfg = config.load(ESJob, None, ["model.device='cpu'", "model.dtype='float32'"])
+    assert cfg.generation.cpu_matmul == "onednn"
+    assert any(n.startswith("generation.cpu_matmul = onednn") for n in cfg.auto_notes)
+    old = config.to_dict(cfg)
+    del old["generation"]["cpu_matmul"]  # a config.toml written before the field
+    assert like_config(old).generation.cpu_matmul == "torch"
+    assert config.config_changes(old, cfg)["generation.cpu_matmul"] == {"old": "torch", "new": "onednn"}

@@ -793,7 +793,8 @@ def resolve_auto(cfg) -> list[str]:
       ``workers x threads`` exceeds the cores.
     - ``model.threads``: the usable cores (``machine.usable_cores``); the actors' count for the driver of Ray
       actors whose threads auto chose.
-    - ``generation.vllm_*``: from free GPU memory / available RAM (their field docstrings)."""
+    - ``generation.vllm_*``: from free GPU memory / available RAM (their field docstrings).
+    - ``generation.cpu_matmul``: onednn where torch has oneDNN, else torch."""
     from evolm import machine
 
     notes: list[str] = []
@@ -855,6 +856,14 @@ def resolve_auto(cfg) -> list[str]:
                      else "no P-sized buffer, the same bits on CPU and GPU; docs/es.md)"))
     if isinstance(gen, GenerationConfig):
         notes += _auto_vllm(cfg, gen, dist, machine)
+        if gen.cpu_matmul == AUTO:
+            from evolm.backends.cpu_matmul import onednn_available
+
+            gen.cpu_matmul = "onednn" if onednn_available() else "torch"
+            if gen.backend == "hf" and isinstance(model, ModelConfig) and model.device == "cpu" and model.dtype == "float32":
+                notes.append(f"generation.cpu_matmul = {gen.cpu_matmul} (auto: "
+                             + ("float32 linears through oneDNN while generating)" if gen.cpu_matmul == "onednn"
+                                else "this torch has no oneDNN)"))
     cfg.auto_notes = getattr(cfg, "auto_notes", []) + notes  # validated again later: nothing auto is left then
     return notes
 
@@ -1002,7 +1011,8 @@ model.threads=auto`` resolves one again on the resuming machine, and ``model.dty
 
 
 LEGACY_DEFAULTS = {"model.device": "cpu", "model.dtype": "float32", "model.threads": 1, "distributed.workers": 0,
-                   "generation.vllm_kv_cache_gb": 1.0, "generation.vllm_gpu_memory_utilization": 0.9, "es.noise": "table"}
+                   "generation.vllm_kv_cache_gb": 1.0, "generation.vllm_gpu_memory_utilization": 0.9, "es.noise": "table",
+                   "generation.cpu_matmul": "torch"}
 """The defaults of the fields that became "auto": what a run directory's config.toml that lacks one of
 them (written by an evolm older than the field) ran with (``config_changes``)."""
 

@@ -37,7 +37,7 @@ import torch
 from evolm import models
 from evolm.backends import make_heldout_generator
 from evolm.backends.base import SamplingParams
-from evolm.config import ESJob, from_dict
+from evolm.config import LEGACY_DEFAULTS, ESJob, from_dict
 from evolm.errors import UserError
 from evolm.evaluate import evaluate_task
 from evolm.runs import RunDir
@@ -132,7 +132,9 @@ HELDOUT_SECTIONS = ("model", "task", "generation", "eval")
 def like_config(run_config: dict):
     """The held-out settings of a run, from its ``config.toml`` (as a dict, any job kind): a validated
     ``ESJob`` holding the run's ``[model] [task] [generation] [eval]`` sections and ``run.seed``."""
-    data = {k: run_config[k] for k in HELDOUT_SECTIONS if isinstance(run_config.get(k), dict)}
+    data = {k: dict(run_config[k]) for k in HELDOUT_SECTIONS if isinstance(run_config.get(k), dict)}
+    # a run written before generation.cpu_matmul measured with torch's linears (config.LEGACY_DEFAULTS)
+    data.setdefault("generation", {}).setdefault("cpu_matmul", LEGACY_DEFAULTS["generation.cpu_matmul"])
     data["run"] = {"seed": int(run_config.get("run", {}).get("seed", 0))}
     return from_dict(ESJob, data)
 
