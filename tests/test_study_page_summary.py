@@ -107,6 +107,7 @@ def test_every_changed_claim_shows_its_verdict_as_first_declared():
         if "changed after its data" in row:
             own = _section("Declared before or after the data", (PAGES / f"{cid}.md").read_text())
             assert "| verdict now | verdict as first declared |" in own and f"- **{cid}**" in record, cid
+    assert "not computable" not in MD + record  # every changed claim has a verdict as first declared
 
 
 def test_c2_under_its_original_margin_reads_contradicted():

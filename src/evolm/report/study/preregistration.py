@@ -237,6 +237,34 @@ def original_terms(original: dict) -> str:
     return "; ".join(f"{f} {_short(v)}" for f, v in original.items())
 
 
+FIRST_UNTESTABLE = "its outcome is fixed under its terms as first declared"
+"""The ``untestable`` reason a test gets when its terms as first declared fix its outcome."""
+
+
+def evaluate_as_first_declared(claim: Any, data: Path, read: Any, run_gates: dict) -> Any:
+    """``evaluate_claim`` on a claim whose tests carry their terms as first declared. ``untestable`` is no term: it
+    was declared for the current terms, so a test is re-marked to what its first terms make it (untestable when they
+    fix its outcome, testable when they do not) instead of being refused; each test at most once."""
+    import re
+
+    from evolm.errors import ConfigError
+    from evolm.report.study.measure import evaluate_claim
+    flipped: set[int] = set()
+    while True:
+        try:
+            return evaluate_claim(claim, data, read, run_gates)
+        except ConfigError as e:
+            m = re.match(rf"claim {re.escape(claim.id)} test (\d+)\b", str(e))
+            j = int(m.group(1)) - 1 if m else -1
+            if j < 0 or j in flipped or not ("untestable" in str(e) or "fixed by its definition" in str(e)):
+                raise
+            flipped.add(j)
+            t = claim.test[j]
+            tests = list(claim.test)
+            tests[j] = replace(t, untestable="" if t.untestable else FIRST_UNTESTABLE)
+            claim = replace(claim, test=tests)
+
+
 @dataclass
 class Declared:
     """What the page shows about pre-registration: counts, one line per claim, and the changed tests side by side."""
@@ -303,7 +331,7 @@ def declared(claims_path: str | Path, claims: Any, study: Any, data: Path, read:
         first = dataclasses.replace(c, test=[t for t in tests if t is not None],
                                     premise=[p for p in c.premise if p not in added_late])
         try:
-            then = evaluate_claim(first, data, read, run_gates)
+            then = evaluate_as_first_declared(first, data, read, run_gates)
             then_tests = {t.name: r for t, r in zip(first.test, then.tests)}
             then_verdict = then.verdict
         except Exception as e:
