@@ -2,7 +2,10 @@
 
 experiments/refnum/run.sh runs here with a stand-in interpreter that records each call and writes what the real one
 would (a walk's metrics to its horizon, an analysis's JSON): the stages' order, horizons and output paths are tested
-without training anything; the summarise step runs for real on an empty OUT.
+without training anything; the summarise step runs for real on an empty OUT. experiments/study/run.sh runs the same
+way, every stage the claims' commands name, from a scratch copy, into a temporary OUT, and its `collect` into a
+temporary PUBLISH must hold every file the claims read. The stand-ins write file names, not numbers: these tests check
+that each printed command writes what the claims read, where they read it; the numbers are the runs' own.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -104,3 +108,147 @@ def test_refnum_commands_publish_what_the_claims_read_at_their_horizon():
             continue
         assert "PUBLISH=docs/study/refnum" in claims[cid]["command"], cid
     assert "HORIZON=120" in claims["Q3d"]["command"]
+
+
+# -- experiments/study/run.sh: every stage a claim's command names, into a temporary OUT (issue 40, item 6) ----------
+
+STUDY_SH = ROOT / "experiments" / "study" / "run.sh"
+STAGE_ORDER = ("c1c2", "n30", "c1seeds", "cd", "seeds", "q1", "c8", "c9", "c7", "c7x", "c2long", "c2xl", "c3", "c5",
+               "q2", "k32", "c4")
+"""The order the driver's stages depend on one another in (c2xl continues c2long, c3 reads both, q2 reads c1seeds, ...)."""
+
+STUDY_FAKE_PY = r'''#!{python}
+"""A stand-in for the study's interpreter: records each call and writes the files the real call writes (names only;
+the numbers are not computed), so the driver's stages, output paths and order are tested without training."""
+import json, os, re, shutil, subprocess, sys, tomllib
+from pathlib import Path
+
+args = sys.argv[1:]
+with open(os.environ["FAKE_LOG"], "a") as log:
+    log.write(" ".join(args) + "\n")
+
+
+def opt(name, default=None):
+    return args[args.index(name) + 1] if name in args else default
+
+
+def sets():
+    return dict(a.split("=", 1) for a in (args[i + 1] for i, x in enumerate(args) if x == "--set"))
+
+
+def touch(path, text="{{}}"):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def run_dir(d, config_text):
+    for name in ("run.json", "metrics.jsonl", "seed_log.jsonl", "eval_before.json", "eval_after.json", "final/config.json"):
+        touch(d / name)
+    touch(d / "config.toml", config_text)
+
+
+if args[:2] == ["-m", "evolm"]:
+    verb = args[2]
+    if verb in ("es", "grpo", "pipeline") and "--config" in args:
+        text = Path(opt("--config")).read_text()
+        cfg, over = tomllib.loads(text), sets()
+        name = over.get("run.name", json.dumps(cfg["run"]["name"])).strip('"')
+        out = over.get("run.out_dir", json.dumps(cfg["run"]["out_dir"])).strip('"')
+        run_dir(Path(out) / name, text)
+        if verb == "pipeline":
+            touch(Path(out) / name / "stages" / "01-grpo" / "config.toml", text)
+    elif verb in ("es", "grpo", "pipeline") and "--resume" in args:
+        d = Path(opt("--resume"))
+        assert (d / "config.toml").exists(), f"resume of {{d}}: no run there"
+        run_dir(d, (d / "config.toml").read_text())
+    elif verb == "eval":
+        touch(Path(opt("--out")) / "eval.json")
+    elif verb == "replay":
+        touch(Path(opt("--out")) / "config.json")
+    elif verb == "sweep":
+        out, (field, values) = Path(opt("--out")), opt("--grid").split("=")
+        text = Path(opt("--config")).read_text()
+        for v in values.split(","):
+            run_dir(out / f"{{field}}={{v}}", text)
+        touch(out / "sweep.json")
+    elif verb == "analyze":
+        kind, out = args[3], Path(opt("--out"))
+        touch(out / f"{{kind}}.json")
+        labels = [t.split("=")[0] for i, t in enumerate(args) if i and args[i - 1] == "--trained"]
+        if kind == "sparsity":
+            for label in labels:
+                for m in ["base", "trained"] + ["x" + f"{{float(m):g}}" for m in opt("--multipliers", "0.25,0.5,1,2,4,8").split(",")]:
+                    touch(out / "sparsity" / f"{{label}}_{{m}}.json")
+        if kind == "compression":
+            for label in ["base"] + labels:
+                for method in opt("--methods").split(","):
+                    touch(out / "compression" / f"{{label}}_{{method.replace(':', '-')}}.json")
+    else:
+        sys.exit(f"fake: no stand-in for evolm {{verb}}")
+elif args[0] == "experiments/study/matched.py":
+    touch(Path(opt("--out")) / "es-at-grpo-sequences" / "eval.json")
+elif args[0] == "experiments/study/at_step.py":
+    touch(Path(args[3]) / "eval.json")
+elif args[0] == "experiments/study/null_model.py":
+    touch(Path(args[2]) / "null.json")
+    touch(Path(args[2]) / "model.safetensors", "weights")
+elif args[0] == "experiments/study/collect.py":
+    sys.exit(subprocess.run([os.environ["REAL_PY"], *args]).returncode)
+else:
+    sys.exit(f"fake: no stand-in for {{args}}")
+'''
+
+
+def _claims_files(skip: tuple[str, ...]) -> dict[str, set[str]]:
+    """claim id -> the files (relative to the study's data directory) its tests and premises read."""
+    from evolm.report.study.claims import load_claims
+    from evolm.report.study.measure import files_of
+
+    claims = load_claims(ROOT / "experiments" / "study" / "claims.toml")
+    data = ROOT / claims.study.data
+    out: dict[str, set[str]] = {}
+    for c in claims.claim:
+        if c.id.startswith(skip):
+            continue
+        out[c.id] = {str(f.relative_to(data)) for t in c.test + c.premise for f in files_of(t, data)}
+    for p in claims.premise:
+        out.setdefault("premises", set()).update(str(f.relative_to(data)) for f in files_of(p, data))
+    return out
+
+
+def test_every_study_stage_the_claims_name_writes_what_they_read_under_its_own_out(tmp_path):
+    """Each stage the claims' commands name runs (in the order the stages depend on one another) into a temporary
+    OUT with a stand-in interpreter; `collect` then copies OUT into a temporary PUBLISH, and every file a claim of
+    experiments/study/run.sh reads is there, at the path the claims read it from. The driver runs from a copy of
+    experiments/study/ in a scratch repository, so a stage that ignored OUT would write into that copy (and fail
+    here), never into this checkout's docs/ or runs/. (The refnum and artifact commands, Q3 and Q4: the tests above.)"""
+    claims = tomllib.loads((ROOT / "experiments" / "study" / "claims.toml").read_text())["claim"]
+    named = {s for c in claims for s in re.findall(r"[a-z0-9]+", c.get("command", "")) if s in STAGE_ORDER}
+    assert named >= {"c1c2", "c1seeds", "cd", "seeds", "q1", "c8", "c9", "c7", "c7x", "c2long", "c2xl", "c3", "c5",
+                     "q2", "k32", "c4"}, named
+    repo = tmp_path / "repo"
+    shutil.copytree(ROOT / "experiments" / "study", repo / "experiments" / "study")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    for cmd in (["init", "-q"], ["add", "."], ["commit", "-qm", "declared"]):
+        subprocess.run(git + cmd, cwd=repo, check=True, capture_output=True)
+    fake = tmp_path / "py"
+    fake.write_text(STUDY_FAKE_PY.format(python=sys.executable))
+    fake.chmod(0o755)
+    out, publish, log = tmp_path / "out", tmp_path / "published", tmp_path / "calls.log"
+    env = dict(os.environ, OUT=str(out), PY=str(fake), PUBLISH=str(publish), FAKE_LOG=str(log),
+               REAL_PY=sys.executable, PYTHONPATH=str(ROOT / "src"))
+    script = repo / "experiments" / "study" / "run.sh"
+    for stage in [s for s in STAGE_ORDER if s in named | {"n30"}] + ["collect"]:
+        done = subprocess.run(["bash", str(script), stage], cwd=repo, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, (stage, done.stderr[-2000:], log.read_text()[-2000:] if log.exists() else "")
+    missing = {cid: sorted(f for f in files if not (publish / f).exists())
+               for cid, files in _claims_files(("Q3", "Q4")).items()}
+    assert not any(missing.values()), {cid: fs for cid, fs in missing.items() if fs}
+    assert not list(publish.rglob("*.safetensors"))  # collect never publishes weights
+    status = subprocess.run(["git", "status", "--porcelain", "--ignored"], cwd=repo, capture_output=True, text=True)
+    assert status.stdout == "" and sorted(p.name for p in repo.iterdir()) == [".git", "experiments"], status.stdout
+    assert "runs/study" not in log.read_text()  # every run, evaluation and analysis was told OUT
+    # n30 refuses to start runs while the declaration they read is not committed
+    (repo / "experiments" / "study" / "claims.toml").write_text("# changed\n", encoding="utf-8")
+    done = subprocess.run(["bash", str(script), "n30"], cwd=repo, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "uncommitted changes" in done.stderr
