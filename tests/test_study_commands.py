@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-RUN_SH = ROOT / "experiments" / "refnum" / "run.sh"
+REFNUM_SH = Path("experiments") / "refnum" / "run.sh"
 
 FAKE_PY = r"""#!/usr/bin/env bash
 echo "$*" >> "$FAKE_LOG"
@@ -30,42 +30,76 @@ case "$1" in
   experiments/refnum/null_walk.py)
     if [ "$2" = --resume ]; then dir=$3; it=$5; else it=$4; dir=$6/$(basename "$2" .toml)-null; fi
     mkdir -p "$dir/final"; touch "$dir/config.toml" "$dir/final/config.json"; echo "{\"step\": $it, \"kind\": \"train\"}" > "$dir/metrics.jsonl" ;;
-  -m) out=${@: -1}; mkdir -p "$out"; touch "$out/$4.json" ;;
-  experiments/refnum/summarise.py) mkdir -p "$4"; touch "$4/summary.json" ;;
+  -m)
+    if [ "$3" = analyze ]; then out=${@: -1}; mkdir -p "$out"; touch "$out/$4.json"
+    elif [ "$4" = --config ]; then  # a task run: experiments/refnum/NAME.toml into run.out_dir, to its --set budget
+      for a in "$@"; do case "$a" in run.out_dir=*) out=${a#run.out_dir=}; out=${out//\"/} ;; esac; done
+      dir=$out/$(basename "$5" .toml); it=${@: -1}; it=${it#*=}
+      mkdir -p "$dir/final"; touch "$dir/config.toml" "$dir/final/config.json" "$dir/run.json" "$dir/eval_before.json" "$dir/eval_after.json"
+      echo "{\"step\": $it, \"kind\": \"train\"}" > "$dir/metrics.jsonl"
+    elif [ "$4" = --resume ]; then dir=$5; it=${@: -1}; it=${it#*=}; echo "{\"step\": $it, \"kind\": \"train\"}" > "$dir/metrics.jsonl"
+    else echo "fake: no stand-in for $*" >&2; exit 3; fi ;;
+  experiments/refnum/summarise.py) mkdir -p "$4"; touch "$4/summary.json" "$4/real_arm.json" ;;
   -) cat > /dev/null ;;
   *) exec "$REAL_PY" "$@" ;;
 esac
 """
 
 
-def _docs_state() -> dict[str, tuple[str, int]]:
-    return {str(p.relative_to(ROOT)): (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns)
-            for p in sorted((ROOT / "docs").rglob("*")) if p.is_file()}
+def _scratch(tmp_path: Path, *paths: str) -> Path:
+    """A scratch repository holding copies of ``paths`` (relative to the checkout), committed: a driver run from it
+    can only write into the copy or its OUT, never into this checkout."""
+    repo = tmp_path / "repo"
+    for rel in paths:
+        shutil.copytree(ROOT / rel, repo / rel)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    for cmd in (["init", "-q"], ["add", "."], ["commit", "-qm", "scratch"]):
+        subprocess.run(git + cmd, cwd=repo, check=True, capture_output=True)
+    return repo
 
 
-def _run_sh(stage: str, out: Path, py: str, env: dict | None = None) -> subprocess.CompletedProcess:
+def _state(root: Path) -> dict[str, tuple[str, int]]:
+    """Every file under ``root`` (but .git) with its hash and mtime: a rewrite shows even when the bytes are equal."""
+    return {str(p.relative_to(root)): (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns)
+            for p in sorted(root.rglob("*")) if p.is_file() and ".git" not in p.relative_to(root).parts}
+
+
+def _run_sh(repo: Path, stage: str, out: Path, py: str, env: dict | None = None) -> subprocess.CompletedProcess:
     full = dict(os.environ, OUT=str(out), PY=py, PYTHONPATH=str(ROOT / "src"), OMP_NUM_THREADS="1", **(env or {}))
-    full.pop("PUBLISH", None)
-    full.pop("HORIZON", None)
-    return subprocess.run(["bash", str(RUN_SH), stage], cwd=ROOT, env=full, capture_output=True, text=True, timeout=600)
+    for name in ("PUBLISH", "HORIZON"):
+        if name not in (env or {}):
+            full.pop(name, None)
+    args = [stage] if stage else []
+    return subprocess.run(["bash", str(repo / REFNUM_SH), *args], cwd=repo, env=full, capture_output=True, text=True,
+                          timeout=600)
 
 
-def test_summarise_and_analyses_with_another_out_leave_docs_untouched(tmp_path):
-    before = _docs_state()
-    for stage in ("analyses", "summarise"):
-        done = _run_sh(stage, tmp_path / "out", sys.executable)
-        assert done.returncode == 0, done.stderr[-2000:]
-    assert (tmp_path / "out" / "summary" / "summary.json").exists()
-    assert _docs_state() == before  # byte-identical and not rewritten
-
-
-def test_null_runs_to_the_committed_horizons_and_keeps_the_first_analyses(tmp_path):
+def _fake(tmp_path: Path) -> Path:
     fake = tmp_path / "py"
     fake.write_text(FAKE_PY)
     fake.chmod(0o755)
+    return fake
+
+
+REFNUM_TREES = ("experiments/refnum", "docs/study/refnum")
+"""What the refnum driver reads: its configs and scripts, and the committed files it restores runs from (KEEP)."""
+
+
+def test_summarise_and_analyses_with_another_out_leave_docs_untouched(tmp_path):
+    repo = _scratch(tmp_path, *REFNUM_TREES)
+    before = _state(repo)
+    for stage in ("analyses", "summarise"):
+        done = _run_sh(repo, stage, tmp_path / "out", sys.executable)
+        assert done.returncode == 0, done.stderr[-2000:]
+    assert (tmp_path / "out" / "summary" / "summary.json").exists()
+    assert _state(repo) == before  # the copy's docs/ byte-identical and not rewritten, nothing new beside it
+
+
+def test_null_runs_to_the_committed_horizons_and_keeps_the_first_analyses(tmp_path):
+    repo = _scratch(tmp_path, *REFNUM_TREES)
     log = tmp_path / "calls.log"
-    before = _docs_state()
-    done = _run_sh("null", tmp_path / "out", str(fake), {"FAKE_LOG": str(log), "REAL_PY": sys.executable})
+    before = _state(repo)
+    done = _run_sh(repo, "null", tmp_path / "out", str(_fake(tmp_path)), {"FAKE_LOG": str(log), "REAL_PY": sys.executable})
     assert done.returncode == 0, done.stderr[-2000:]
     walks = [re.search(r"null_walk\.py (?:--resume \S*?/)?(?:experiments/refnum/)?([a-z0-9-]+?)(?:-null|\.toml)\b.*"
                        r"--iterations (\d+)", line) for line in log.read_text().splitlines() if "null_walk.py" in line]
@@ -78,7 +112,44 @@ def test_null_runs_to_the_committed_horizons_and_keeps_the_first_analyses(tmp_pa
     assert (analyses / "smollm2-es-exact-f32-null" / "updates").read_text().strip() == "240"
     assert (analyses / "smollm2-es-reference-bf16-null" / "updates").read_text().strip() == "120"
     assert (tmp_path / "out" / "summary" / "summary.json").exists()
-    assert _docs_state() == before
+    # every file Q3a-c read (docs/study/refnum/...) is written under OUT, where summarise.py copies it from
+    for cid, files in _claims_files(r"Q3[abc]").items():
+        assert all(_written(tmp_path / "out", f) for f in files), (cid, [f for f in files if not _written(tmp_path / "out", f)])
+    assert _state(repo) == before
+
+
+def _written(out: Path, claimed: str) -> bool:
+    """Whether the refnum driver wrote under ``out`` the file a claim reads as ``claimed`` (relative to docs/study):
+    refnum/analyses/X and refnum/runs/X are OUT/analyses/X and OUT/X (summarise.py copies them to PUBLISH), the
+    summary and real_arm.json are summarise.py's own (OUT/summary without PUBLISH)."""
+    rel = Path(claimed).relative_to("refnum")
+    if rel.parts[0] == "analyses":
+        return (out / rel).exists()
+    if rel.parts[0] == "runs":
+        return (out / Path(*rel.parts[1:])).exists()
+    return (out / "summary" / rel).exists()
+
+
+def test_q3d_command_writes_what_q3d_reads_at_its_horizon(tmp_path):
+    """Q3d's command, HORIZON=120 ... run.sh (every task run to update 120, then the analyses and the summary): each run
+    stops at 120, and every file Q3d reads is written under OUT; PUBLISH sends the summary there, not to docs/."""
+    repo = _scratch(tmp_path, *REFNUM_TREES)
+    shutil.rmtree(repo / "docs" / "study" / "refnum" / "runs")  # a fresh start: nothing to restore from KEEP
+    log, out, publish = tmp_path / "calls.log", tmp_path / "out", tmp_path / "published"
+    before = _state(repo)
+    done = _run_sh(repo, "", out, str(_fake(tmp_path)), {"FAKE_LOG": str(log), "REAL_PY": sys.executable,
+                                                          "HORIZON": "120", "PUBLISH": str(publish)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    runs = [re.search(r"evolm (es|grpo) --config experiments/refnum/([a-z0-9-]+)\.toml .*--set \S+=(\d+)$", line)
+            for line in log.read_text().splitlines() if "--config experiments/refnum/" in line]
+    assert [(m.group(2), int(m.group(3))) for m in runs] == [
+        ("smollm2-es-exact-f32", 120), ("smollm2-es-reference-bf16", 120), ("smollm2-es-exact-bf16", 120),
+        ("smollm2-grpo-bf16", 120), ("gemma-es-exact-f32", 120), ("gemma-es-reference-bf16", 120)]
+    (files,) = _claims_files("Q3d").values()
+    shown = [f for f in files if f != "refnum/real_arm.json"]
+    assert all(_written(out, f) for f in shown), [f for f in shown if not _written(out, f)]
+    assert (publish / "summary.json").exists() and (publish / "real_arm.json").exists()
+    assert _state(repo) == before
 
 
 def _stages(script: Path) -> set[str]:
@@ -199,20 +270,18 @@ else:
 '''
 
 
-def _claims_files(skip: tuple[str, ...]) -> dict[str, set[str]]:
-    """claim id -> the files (relative to the study's data directory) its tests and premises read."""
+def _claims_files(ids: str) -> dict[str, set[str]]:
+    """claim id -> the files (relative to the study's data directory) its tests and premises read, for the claims
+    whose id matches the regular expression ``ids``; the run premises' files under "premises" when it matches that."""
     from evolm.report.study.claims import load_claims
     from evolm.report.study.measure import files_of
 
     claims = load_claims(ROOT / "experiments" / "study" / "claims.toml")
     data = ROOT / claims.study.data
-    out: dict[str, set[str]] = {}
-    for c in claims.claim:
-        if c.id.startswith(skip):
-            continue
-        out[c.id] = {str(f.relative_to(data)) for t in c.test + c.premise for f in files_of(t, data)}
-    for p in claims.premise:
-        out.setdefault("premises", set()).update(str(f.relative_to(data)) for f in files_of(p, data))
+    out = {c.id: {str(f.relative_to(data)) for t in c.test + c.premise for f in files_of(t, data)}
+           for c in claims.claim if re.fullmatch(ids, c.id)}
+    if re.fullmatch(ids, "premises"):
+        out["premises"] = {str(f.relative_to(data)) for p in claims.premise for f in files_of(p, data)}
     return out
 
 
@@ -242,7 +311,7 @@ def test_every_study_stage_the_claims_name_writes_what_they_read_under_its_own_o
         done = subprocess.run(["bash", str(script), stage], cwd=repo, env=env, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, (stage, done.stderr[-2000:], log.read_text()[-2000:] if log.exists() else "")
     missing = {cid: sorted(f for f in files if not (publish / f).exists())
-               for cid, files in _claims_files(("Q3", "Q4")).items()}
+               for cid, files in _claims_files(r"C\d|Q1|Q2|premises").items()}
     assert not any(missing.values()), {cid: fs for cid, fs in missing.items() if fs}
     assert not list(publish.rglob("*.safetensors"))  # collect never publishes weights
     status = subprocess.run(["git", "status", "--porcelain", "--ignored"], cwd=repo, capture_output=True, text=True)
