@@ -11,6 +11,7 @@ that each printed command writes what the claims read, where they read it; the n
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -149,6 +150,61 @@ def test_q3d_command_writes_what_q3d_reads_at_its_horizon(tmp_path):
     shown = [f for f in files if f != "refnum/real_arm.json"]
     assert all(_written(out, f) for f in shown), [f for f in shown if not _written(out, f)]
     assert (publish / "summary.json").exists() and (publish / "real_arm.json").exists()
+    assert _state(repo) == before
+
+
+ARTIFACT_FAKE_PY = r"""#!{python}
+import json, os, re, sys
+from pathlib import Path
+
+args = sys.argv[1:]
+with open(os.environ["FAKE_LOG"], "a") as log:
+    log.write(" ".join(args) + "\n")
+if args[0] == "experiments/refnum/null_walk.py":  # a walk not published yet: started, not finished (no weights)
+    if args[1] == "--resume":
+        sys.exit(0)
+    name = next(a.split("=", 1)[1].strip('"') for a in args if a.startswith("run.name="))
+    d = Path(args[args.index("--out-dir") + 1]) / f"{{name}}-null"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "config.toml").write_text(Path(args[1]).read_text())
+    (d / "run.json").write_text(json.dumps({{"status": "stopped"}}))
+elif args[:3] == ["-m", "evolm", "analyze"]:
+    sys.exit("fake: a walk without weights is never analysed")
+else:
+    os.execv(os.environ["REAL_PY"], [os.environ["REAL_PY"], *args])
+"""
+
+
+def test_q4_command_regenerates_the_committed_numbers_from_the_published_walks(tmp_path):
+    """Q4's command, PUBLISH=docs/study/artifact bash experiments/refnum/artifact_walks.sh, with PUBLISH a copy of the
+    committed docs/study/artifact: the published walks are restored and count as done, the others start (a stand-in
+    that never finishes them), and the real artifact_summary.py rewrites PUBLISH's summary.json with the numbers the
+    committed one holds for every finished seed (the numbers the Q4 tests read)."""
+    repo = _scratch(tmp_path, "experiments/refnum")
+    publish, out, log = tmp_path / "published", tmp_path / "out", tmp_path / "calls.log"
+    shutil.copytree(ROOT / "docs" / "study" / "artifact", publish)
+    fake = tmp_path / "py"
+    fake.write_text(ARTIFACT_FAKE_PY.format(python=sys.executable))
+    fake.chmod(0o755)
+    env = dict(os.environ, OUT=str(out), PY=str(fake), PUBLISH=str(publish), FAKE_LOG=str(log), REAL_PY=sys.executable,
+               PYTHONPATH=str(ROOT / "src"))
+    for name in ("ITERATIONS", "POPULATION", "MODELS", "SEEDS"):
+        env.pop(name, None)
+    before = _state(repo)
+    done = subprocess.run(["bash", str(repo / "experiments" / "refnum" / "artifact_walks.sh")], cwd=repo, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    committed = json.loads((ROOT / "docs" / "study" / "artifact" / "summary.json").read_text())
+    rebuilt = json.loads((publish / "summary.json").read_text())
+    finished = {name for name, row in committed["runs"].items() if row.get("finished")}
+    assert finished and {name: rebuilt["runs"][name] for name in finished} == {name: committed["runs"][name] for name in finished}
+    for model, c in committed["contrasts"].items():
+        assert {k: v for k, v in rebuilt["contrasts"][model].items() if k != "incomplete"} == \
+            {k: v for k, v in c.items() if k != "incomplete"}, model
+    (files,) = _claims_files("Q4").values()
+    assert files == {"artifact/summary.json"}
+    started = [line for line in log.read_text().splitlines() if line.startswith("experiments/refnum/null_walk.py")]
+    assert not any(re.search(rf'run.name="{n[:-len("-null")]}"', line) for n in finished for line in started)
     assert _state(repo) == before
 
 
