@@ -755,6 +755,8 @@ def test_the_committed_page_regenerates_from_the_committed_files(tmp_path, monke
     committed = {p.name: p.read_text() for p in (ROOT / "docs" / "study" / "page").glob("*.md")}
     assert sorted(built) == sorted(committed)  # a stale page for a claim that is gone fails here
     assert [name for name in built if built[name] != committed[name]] == []
+    figures = sorted(p.name for p in (tmp_path / "study" / "figures").glob("*.png"))
+    assert figures == sorted(p.name for p in (ROOT / "docs" / "study" / "figures").glob("*.png"))  # none stale, none missing
     assert json.loads(result.json.read_text()) == json.loads((ROOT / "docs" / "study" / "reproduction.json").read_text())
 
 
