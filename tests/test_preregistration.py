@@ -99,3 +99,28 @@ def test_pairs_need_the_seed_unit(tmp_path):
                        'pairs = [["x1/eval_after.json", "y1/eval_after.json"]]\nmetric = "pass@1"\nexpect = "b_greater"\n')
     with pytest.raises(ConfigError, match='pairs is a list of \\[a, b\\] files.*unit = "seed"'):
         outcome(tmp_path, body)
+
+
+def test_a_test_is_re_marked_to_what_its_first_terms_make_it(tmp_path):
+    """``untestable`` is declared for a test's current terms: under its terms as first declared a test is evaluated
+    (not refused) when they leave its outcome open, and reads untestable when they fix it (issue 40, item 5: every
+    post-hoc change shows a verdict as first declared, never "not computable")."""
+    from dataclasses import replace
+
+    from evolm.report.study.claims import load_claims
+    from evolm.report.study.preregistration import evaluate_as_first_declared
+    from evolm.report.study.verdicts import UNTESTABLE
+    from test_study import change, write_claims
+
+    data = tmp_path / "data"
+    write_run(data, "r", [4] * 64, [5] * 64)
+    kept = change("r", "pass@1", "not_down", margin=0.001) + 'untestable = "below one problem\'s share"\n'
+    claims = load_claims(write_claims(tmp_path / "claims.toml", data, kept))
+    read = lambda p: json.loads(p.read_text())  # noqa: E731
+    (claim,) = claims.claim
+    first = replace(claim, test=[replace(claim.test[0], margin=0.1)])  # first declared with a margin it can decide
+    assert evaluate_as_first_declared(first, data, read, {}).tests[0].verdict == REPRODUCED
+    now = replace(claim, test=[replace(claim.test[0], untestable="")])  # testable now, fixed as first declared
+    first = replace(now, test=[replace(now.test[0], margin=0.001)])
+    (t,) = evaluate_as_first_declared(first, data, read, {}).tests
+    assert t.verdict == UNTESTABLE and "one problem's share" in t.untestable

@@ -29,10 +29,16 @@
 #                                          run.seed (default 0 1 2), one run at a time on one thread, each resumed if it
 #                                          exists; refused while claims.toml has uncommitted changes (the tests must be
 #                                          declared before their data); each run records the claims file's sha256
-#   bash experiments/study/run.sh collect  # copy the committed files (configs, logs, seed logs, eval JSON, analyses) to docs/study/
+#   bash experiments/study/run.sh collect  # copy the committed files (configs, logs, seed logs, eval JSON, analyses) from OUT to
+#                                          docs/study/ (PUBLISH: another destination), the one stage that publishes
 #   bash experiments/study/run.sh twins    # which held-out arithmetic problems had their commutative twin in training (docs/study/analyses/twins/)
 #   bash experiments/study/run.sh report   # regenerate docs/REPRODUCTION.md from docs/study/ (evolm report --study)
 #
+# Every stage writes only under OUT (default runs/study; OUT=/tmp/x bash experiments/study/run.sh c1c2 leaves runs/
+# and docs/ untouched: every run's run.out_dir is set to OUT); `collect` copies OUT's small files to docs/study/,
+# `twins` and `report` regenerate docs/ from the committed files. tests/test_study_commands.py runs every stage the
+# claims' commands name into a temporary OUT with a stand-in interpreter and checks that what `collect` copies holds
+# every file the claims read.
 # Every stage skips what is already done; training runs resume what was stopped (evolm ... --resume),
 # the analyses (c3, c5, q2: minutes to an hour) start again if killed, so the script can be run again
 # after a kill. Budgets: each claim's `cost` in experiments/study/claims.toml
@@ -40,7 +46,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PY:-.venv/bin/python}
-OUT=runs/study
+OUT=${OUT:-runs/study}
 mkdir -p "$OUT"
 
 # run_or_resume KIND CONFIG NAME: start the run, or resume it if its directory exists (a finished run
@@ -50,7 +56,7 @@ run_or_resume() {
   if [ -d "$OUT/$name" ]; then
     "$PY" -m evolm "$kind" --resume "$OUT/$name" --set run.progress=false   # the run's own config.toml
   else
-    "$PY" -m evolm "$kind" --config "$config" --set run.progress=false
+    "$PY" -m evolm "$kind" --config "$config" --set "run.out_dir=\"$OUT\"" --set run.progress=false
   fi
 }
 
@@ -80,7 +86,8 @@ seed_run() {  # seed_run KIND CONFIG NAME SEED LIKE: CONFIG with run.seed = SEED
   # on run LIKE's held-out problems into matched/NAME, where the seed-0 runs it is compared with were measured
   local kind=$1 config=$2 name=$3 seed=$4 like=$5
   if [ -d "$OUT/$name" ]; then "$PY" -m evolm "$kind" --resume "$OUT/$name" --set run.progress=false
-  else "$PY" -m evolm "$kind" --config "$config" --set "run.seed=$seed" --set "run.name=\"$name\"" --set run.progress=false; fi
+  else "$PY" -m evolm "$kind" --config "$config" --set "run.seed=$seed" --set "run.name=\"$name\"" \
+    --set "run.out_dir=\"$OUT\"" --set run.progress=false; fi
   [ -f "$OUT/matched/$name/eval.json" ] || "$PY" -m evolm eval --like "$OUT/$like" --model "$OUT/$name" --no-progress \
     --out "$OUT/matched/$name"
 }
@@ -256,7 +263,7 @@ case "${1:-}" in
       if [ -f "$OUT/c2-es-240/eval_after.json" ] && [ ! -f "$OUT/analyses/c4/drift.json" ]; then   # drift after 240 updates
         "$PY" -m evolm analyze drift --trained es="$OUT/c2-es-240" --trained grpo="$OUT/c1c2-grpo" --out "$OUT/analyses/c4"
       fi ;;
-  collect) "$PY" experiments/study/collect.py "$OUT" docs/study ;;
+  collect) "$PY" experiments/study/collect.py "$OUT" "${PUBLISH:-docs/study}" ;;
   twins) "$PY" experiments/study/twins.py docs/study docs/study/analyses/twins/twins.json ;;  # seconds, from the committed files
   report) "$PY" -m evolm report --study experiments/study/claims.toml --out docs ;;
   *) echo "usage: $0 c1c2 | n30 [SEED...] | c1seeds [SEED...] | cd | seeds [SEED...] | q1 | c8 | c9 | c7 | c7x [UPDATES [N...]] | c3 | c5 | q2 | c2long | c2xl | k32 [NAME...] | c4 [NAME...] | collect | twins | report" >&2; exit 2 ;;

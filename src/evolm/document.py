@@ -137,8 +137,9 @@ def passk_axes(ax, k_max: int) -> list[int]:
 # -- rendering -----------------------------------------------------------------------------------------
 
 
-def render_markdown(title: str, sections: list[Section], files: list[str], note: str, figures: str = "figures") -> str:
-    """The Markdown page; images are linked as ``<figures>/<name>.png``, relative to the page."""
+def render_markdown(title: str, sections: list[Section], files: list[str] | None, note: str, figures: str = "figures") -> str:
+    """The Markdown page; images are linked as ``<figures>/<name>.png``, relative to the page; ``files`` is listed
+    last under "Files read" (None: no such section, e.g. a page whose files another page lists)."""
     lines = [f"# {title}", "", note, ""]
     for sec in sections:
         lines += [f"## {sec.title}", ""]
@@ -156,7 +157,8 @@ def render_markdown(title: str, sections: list[Section], files: list[str], note:
                 if b.caption:
                     lines += [f"*{b.caption}*", ""]
                 lines.append(table(b.columns, b.rows))  # ends with a newline: a blank line follows
-    lines += ["## Files read", ""] + [f"- `{f}`" for f in files] + [""]
+    if files is not None:
+        lines += ["## Files read", ""] + [f"- `{f}`" for f in files] + [""]
     return "\n".join(lines)
 
 

@@ -20,10 +20,11 @@ Where things are:
   ``checks``: the warnings above a section whose numbers are all zero or measured on too few problems.
 - Each analysis draws its own section, next to its computation: ``report_section(entries, canvas)``
   in ``evolm.analysis.<kind>`` for every kind in ``read.ANALYSIS_KINDS`` (``sections.ANALYSIS_SECTIONS``).
-- ``evolm report --study CLAIMS``: the reproduction study's page (``docs/REPRODUCTION.md``): a summary, one row
-  per claim of the paper with its verdict, key number and why, then a section per claim. ``study`` is a package
-  with one module per job: ``claims`` (the file), ``stats`` (intervals), ``verdicts``, ``measure`` (tests,
-  premises, claims), ``words``, ``figures`` and ``page`` (``build_study``; ``reproduction`` re-exports it).
+- ``evolm report --study CLAIMS``: the reproduction study's page (``docs/REPRODUCTION.md``): a one-screen summary,
+  one row per claim with its verdict, scale and declaration, a few lines per claim, and a page per claim under
+  ``docs/study/page/``. ``study`` is a package with one module per job: ``claims`` (the file), ``stats``
+  (intervals), ``verdicts``, ``measure`` (tests, premises, claims), ``words``, ``summary``, ``figures`` and ``page``
+  (``build_study``; ``reproduction`` re-exports it).
 
 Design decisions:
 

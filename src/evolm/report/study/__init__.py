@@ -16,7 +16,10 @@ entries naming the committed files that decide it. The package has one module pe
 - ``words``: one line per test, the verdict table's short cells.
 - ``preregistration``: when each test was declared against when its data existed (git history, recorded in
   ``experiments/study/preregistration.json``), and every changed test's verdict as first declared.
-- ``page`` and ``figures``: ``docs/REPRODUCTION.md`` (``build_study``) and its small-multiple pass@k figures.
+- ``summary``: the first screen of ``docs/REPRODUCTION.md``: the paper's claims counted apart from evolm's questions,
+  one row per claim (verdict, scale, declared before its data), a few lines per claim.
+- ``page`` and ``figures``: ``docs/REPRODUCTION.md`` and its linked pages under ``docs/study/page/`` (``build_study``),
+  and the small-multiple pass@k figures.
 
 Four kinds of test:
 

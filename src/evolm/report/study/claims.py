@@ -201,6 +201,11 @@ class Claim:
     """Short identifier (``C1`` .. ``C9``, ``Q1``, ``Q2``)."""
     claim: str = ""
     """The claim, one line."""
+    short: str = ""
+    """The claim in a few words, for the page's one-screen summary table (default: the claim)."""
+    scale: str = ""
+    """The scale its tests read, for its summary row: model, ES population N, updates, seeds (e.g. ``SmolLM2-135M;
+    ES N = 8, 62 updates; GRPO 36 steps; 1 seed``)."""
     paper: str = ""
     """What the paper reports for it, one line."""
     command: str = ""

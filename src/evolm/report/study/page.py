@@ -1,55 +1,60 @@
-"""``evolm report --study``: the reproduction study's page, ``docs/REPRODUCTION.md``, from committed files.
+"""``evolm report --study``: the reproduction study's page, ``docs/REPRODUCTION.md``, and its linked pages, from
+committed files.
 
     evolm report --study experiments/study/claims.toml --out docs
 
-Writes ``<out>/REPRODUCTION.md``, its figures under ``<out>/study/figures/`` and every verdict's numbers in
-``<out>/study/reproduction.json``. Laid out to be read in a minute, then in depth:
+Writes ``<out>/REPRODUCTION.md`` (read in a minute: ``summary``), the pages it links under ``<out>/study/page/``,
+their figures under ``<out>/study/figures/`` and every verdict's numbers in ``<out>/study/reproduction.json``:
 
-1. "Summary": at most ten lines: the bases and their numerics (from the run files and ``evolm.embedded``), the
-   scale, the verdict counts, the runs that lost their task, the commutative-twin check, and the questions
-   whose experiment is pending (``[study] pending``: named, with no result).
-2. "Verdicts": one row per claim or open question: claim | verdict | the key number with its 95% interval | why.
-3. One section per claim: what the paper reports, the command, its premises, one line per test (with its
-   interval, margin, per-seed numbers and, for a contradicted one, its family-wise interval), a small-multiple
-   pass@k figure (``figures``) and a table of the evaluations it reads, what would decide it and the cost.
-4. "Runs that must not have lost their task" (the ``[[premise]]`` entries), "Commutative twins in arithmetic"
-   (``experiments/study/twins.py``'s record: per run, held-out problems whose twin it trained on, and the change
-   on the twin-free problems beside the change on all of them), "What was run" (the intro and one row per run,
-   from its files), and how the verdicts are reached.
-5. The run sections of ``evolm report`` on the runs the tests name (probe trajectories, budget, cost), the
-   analyses' own sections, and the sweep sections for every sweep one of whose points a test names.
+1. ``REPRODUCTION.md``: the summary (the paper's claims counted apart from evolm's questions, pre-registration,
+   bases, scale, failed runs, twins), one row per claim (verdict, scale, declared before or after its data) and a
+   few lines per claim linking its page (``evolm.report.study.summary``).
+2. ``study/page/<id>.md``, one per claim: what the paper reports, the command, its premises, one line per test (with
+   its interval, margin, per-seed numbers and, for a contradicted one, its family-wise interval), a small-multiple
+   pass@k figure (``figures``) and a table of the evaluations it reads, what would decide it and the cost; then
+   whether its tests were declared before their data, each changed test beside its verdict as first declared.
+3. ``study/page/preregistration.md``: the whole pre-registration record (``preregistration``).
+4. ``study/page/runs.md``: the pending notes, "Runs that must not have lost their task" (the ``[[premise]]``
+   entries), "Commutative twins in arithmetic" (``experiments/study/twins.py``'s record), the C4 ratio at matched
+   budgets, "What was run", how the verdicts are reached, the run sections of ``evolm report`` on the runs the tests
+   name (probe trajectories, budget, cost), and every file read.
+5. ``study/page/analyses.md``: the analyses' own sections and the sweep sections for every sweep one of whose
+   points a test names.
 
 Design decisions:
 
 - Generated only from files under the study's data directory plus the claims file, so anyone can regenerate
-  the page; it says so at the top and lists every file read at the end.
+  the pages; each says so at the top, and the files read are listed on the runs page.
+- Every ``*.md`` under ``study/page/`` and every figure is rewritten on each run and stale ones removed, so a page
+  for a claim that no longer exists does not linger (tests compare the whole directory with a fresh build).
 - Run and analysis directories are read through ``report.read.gather`` (runs only through the ``RunDir`` read
   side): a copied run directory without ``final/`` or checkpoints reads like any run.
-- The page holds no machine's absolute paths: paths under the current directory are shown relative to it.
+- The pages hold no machine's absolute paths: paths under the current directory are shown relative to it.
 - A claim or test that was not run still gets its row (verdict "not run" with the reason).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from evolm.document import Canvas, Figure, Section, Table, render_markdown
-from evolm.embedded import EMBEDDED
 from evolm.report.read import ANALYSIS_KINDS, Reader, Sources, gather
 from evolm.report.sections import analysis_sections, budget_section, configured_match, cost_section, probe_section
 from evolm.report.study.claims import ClaimsFile, load_claims
 from evolm.report.study.figures import claim_figure, passk_matrix
-from evolm.report.study.preregistration import Declared, declared
+from evolm.report.study.preregistration import AFTER, BEFORE, CHANGED, RECORD, declared
 from evolm.report.study.ratios import ratio_section
 from evolm.report.study.measure import ClaimOutcome, PremiseOutcome, StudyOutcome, evaluate_study, files_of, task_report
 from evolm.report.study.stats import (BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, FAMILY_RESAMPLES, LEVEL, bootstrap_curve,
                                       bootstrap_interval, exact_proportion_interval, is_binary, paired_binary_interval,
                                       pooled_problems, problem_values)
-from evolm.report.study.verdicts import (CONTRADICTED, INCONCLUSIVE, NOT_RUN, PREMISE_ABSENT, REPRODUCED, UNTESTABLE,
-                                         TRAINING_FAILED)
-from evolm.report.study.words import describe, describe_premise, key_number, why
+from evolm.report.study.verdicts import NOT_RUN, TRAINING_FAILED
+from evolm.report.study.summary import (DECLARED_SECTION, PAGES, claim_brief, claim_title, summary_section,
+                                        summary_table)
+from evolm.report.study.words import describe, describe_premise, why
 from evolm.report.sweeps import sweep_sections
 from evolm.runs import atomic_write_json, atomic_write_text
 
@@ -57,8 +62,6 @@ PAGE = "REPRODUCTION.md"
 """The page's file name under ``--out``."""
 FIGURES = "study/figures"
 """Where the figures go, under ``--out`` (and how the page links them)."""
-SUMMARY_LINES = 10
-"""The summary's most lines."""
 SHOWN_KS = (1, 4, 16, 32)
 """The pass@k columns of a claim's evaluation table (those its evaluations reach)."""
 
@@ -77,6 +80,8 @@ class StudyResult:
     """Every claim's outcome, in table order."""
     premises: list[PremiseOutcome] = dataclasses.field(default_factory=list)
     """Every run premise's outcome."""
+    pages: list[Path] = dataclasses.field(default_factory=list)
+    """The linked pages under ``<out>/study/page/``."""
 
 
 def shown(path: str | Path) -> str:
@@ -88,112 +93,12 @@ def shown(path: str | Path) -> str:
         return str(p)
 
 
-# -- the summary and the verdict table ----------------------------------------------------------------------
-
-
-def bases_line(src: Sources) -> str:
-    """The models the runs start from, what their files are and the dtype they ran in (from the run files)."""
-    models = {}
-    for r in src.runs:
-        m = r.config.get("model") or {}
-        models.setdefault(m.get("spec"), set()).add(m.get("dtype"))
-    parts = []
-    for spec, dtypes in models.items():
-        known = EMBEDDED.get(spec)
-        what = known.description.split(" (")[0] + ", " + known.description.rsplit(", ", 1)[-1] if known else spec
-        parts.append(f"{what} ({spec}), run in {'/'.join(sorted(d for d in dtypes if d))}")
-    quantised = all(spec in EMBEDDED for spec in models)
-    note = " — 4-bit GGUF files dequantised to float32 on load, so every weight starts on the 4-bit grid" if quantised and models else ""
-    return f"**Bases**: {'; '.join(parts) or 'none read'}{note}."
-
-
-def summary_section(claims: ClaimsFile, study: StudyOutcome, src: Sources, twins: "Twins | None",
-                    pre: "Declared | None" = None) -> Section:
-    """At most ``SUMMARY_LINES`` lines: bases, scale, verdicts, failed runs, twins, pending questions."""
-    counts = {}
-    for o in study.claims:
-        counts[o.verdict] = counts.get(o.verdict, 0) + 1
-    order = (REPRODUCED, CONTRADICTED, INCONCLUSIVE, PREMISE_ABSENT, TRAINING_FAILED, UNTESTABLE, NOT_RUN)
-    verdicts = ", ".join(f"{counts[v]} {v}" for v in order if counts.get(v))
-    by = {v: [o.claim.id for o in study.claims if o.verdict == v] for v in order}
-    named = "; ".join(f"{v}: {', '.join(ids)}" for v, ids in by.items() if ids)
-    lines = [bases_line(src)]
-    if claims.study.scale:
-        lines.append(f"**Scale**: {claims.study.scale.strip()}")
-    paper = [o for o in study.claims if _is_paper_claim(o)]
-    ours = [o for o in study.claims if not _is_paper_claim(o)]
-    if paper and ours:
-        lines.append(f"**Verdicts** ({len(study.claims)} rows): the paper's claims ({len(paper)}): {_counts(paper)}; "
-                     f"evolm's own questions ({len(ours)}): {_counts(ours)} ({named}).")
-    else:
-        lines.append(f"**Verdicts** ({len(study.claims)} rows): {verdicts} ({named}).")
-    failed = [p for p in study.premises if p.holds is False]
-    if failed:
-        names = ", ".join(p.premise.run or p.premise.b.split("/")[-2] for p in failed)
-        lines.append(f"**Runs that lost their task** (pass@1 fell; {TRAINING_FAILED}, not evidence either way): {names}.")
-    if twins is not None:
-        lines.append(f"**Commutative twins** (arithmetic): {twins_line(twins)}")
-    lines += [f"**Pending**: {p.strip()}" for p in claims.study.pending]
-    if pre is None:
-        lines.append("**Reading it**: one row per claim below, then a section per claim; verdicts from each claim's counted "
-                     "tests at 95% (family-wise for a contradiction), margins declared per test in the claims file.")
-    else:
-        lines.append("**Reading it**: one row per claim below, then a section per claim; verdicts from each claim's counted "
-                     "tests at 95% (family-wise for a contradiction). **Pre-registration**: "
-                     + ", ".join(f"{n} tests {k.replace(' its ', ' their ')}" for k, n in pre.counts.items())
-                     + " (the changed ones beside their verdict as first declared: the section after the claims).")
-    if len(lines) > SUMMARY_LINES:
-        raise ValueError(f"the summary has {len(lines)} lines; at most {SUMMARY_LINES} (shorten [study] pending or scale)")
-    return Section("Summary", ["\n".join(f"- {line}" for line in lines)])
-
-
-def _is_paper_claim(o: ClaimOutcome) -> bool:
-    """The paper's claims (C1-C9) are counted apart from evolm's own questions (Q*)."""
-    return not o.claim.id.startswith("Q")
-
-
-def _counts(outcomes: list[ClaimOutcome]) -> str:
-    counts: dict[str, int] = {}
-    for o in outcomes:
-        counts[o.verdict] = counts.get(o.verdict, 0) + 1
-    return ", ".join(f"{n} {v}" for v, n in counts.items())
-
-
-def verdict_table(study: StudyOutcome, pre: "Declared | None" = None) -> Section:
-    """One row per claim, the paper's claims and evolm's questions in two tables, each row with whether its tests
-    were declared before their data (``preregistration``)."""
-    marks = {"before": "before its data", "after": "after its data", "changed": "changed after its data"}
-
-    def row(o: ClaimOutcome) -> list[str]:
-        cells = [f"[{o.claim.id}](#{_anchor(o)}) {o.claim.claim}", f"**{o.verdict}**", key_number(o), why(o)]
-        return cells + ([marks.get(pre.claims.get(o.claim.id, ""), "not recorded")] if pre is not None else [])
-
-    columns = ["claim", "verdict", "key number (95% interval)", "why"] + (["declared"] if pre is not None else [])
-    paper = [o for o in study.claims if _is_paper_claim(o)]
-    ours = [o for o in study.claims if not _is_paper_claim(o)]
-    blocks: list = []
-    for outcomes, what in ((paper, "The paper's claims"), (ours, "evolm's own questions (not the paper's claims)")):
-        if outcomes:
-            blocks += [f"**{what}** ({len(outcomes)}): {_counts(outcomes)}.", Table(columns, [row(o) for o in outcomes])]
-    return Section("Verdicts", blocks)
-
-
-def _anchor(o: ClaimOutcome) -> str:
-    """The GitHub anchor of a claim's section heading."""
-    title = _claim_title(o).lower()
-    return "".join(c for c in title.replace(" ", "-") if c.isalnum() or c in "-_")
-
-
-def _claim_title(o: ClaimOutcome) -> str:
-    return f"{o.claim.id}: {o.claim.claim}"
-
-
 # -- one section per claim ------------------------------------------------------------------------------------
 
 
 def claim_section(o: ClaimOutcome, data: Path, read, canvas: Canvas) -> Section:
     c = o.claim
-    blocks: list = [f"**Verdict: {o.verdict}** — {why(o)}.", f"**Paper**: {c.paper}"]
+    blocks: list = [f"**Verdict: {o.verdict}** — {why(o)}.", f"**Scale**: {c.scale or 'not stated'}", f"**Paper**: {c.paper}"]
     if c.command:
         blocks.append(f"**Command**: `{c.command}`")
     if c.not_run:
@@ -210,7 +115,7 @@ def claim_section(o: ClaimOutcome, data: Path, read, canvas: Canvas) -> Section:
     if table is not None:
         blocks.append(table)
     blocks.append(f"**What would decide it**: {c.decide}" + (f" **Cost here**: {c.cost}" if c.cost else ""))
-    return Section(_claim_title(o), blocks)
+    return Section("Verdict and tests", blocks)
 
 
 def _cell(mean: float, lo: float, hi: float) -> str:
@@ -344,6 +249,15 @@ def twins_line(check: Twins) -> str:
     return "; ".join(parts) + " (split_version = 1, what every committed run used)."
 
 
+def twins_brief(check: Twins) -> str:
+    """The twin check in one short line for the summary (the full line and table: the runs page)."""
+    parts = [f"{'2-digit' if d == 2 else '1-digit'} sums within {check.gaps[d]:.3f}"
+             + (f" ({check.twin_free[d][0]}-{check.twin_free[d][1]} twin-free problems)" if d == 1 else "")
+             for d in (2, 1) if d in check.gaps]
+    return ("on the held-out problems whose twin (b+a for a+b) a run did not train on, pass@1 changes as on all of them: "
+            + ", ".join(parts) + f" ([check]({PAGES}/runs.md#commutative-twins-in-arithmetic)).")
+
+
 def twins_section(twins: dict, check: Twins, data: Path) -> Section:
     text = ("The arithmetic task's committed split (`split_version = 1`) hashes a problem's expression text, so `47+85` "
             "and `85+47` may fall in different splits: a held-out problem's commutative twin may be a training problem. "
@@ -356,7 +270,7 @@ def twins_section(twins: dict, check: Twins, data: Path) -> Section:
             "is the check.")
     table = Table(["run", "held-out", "twin in train split", "twin trained on", "pass@1 change, all",
                    "pass@1 change, twin-free", "k", "pass@k change, all", "pass@k change, twin-free"], check.rows)
-    return Section("Commutative twins in arithmetic", [text, table])
+    return Section("Commutative twins in arithmetic", [text, f"**In short**: {twins_line(check)}", table])
 
 
 def runs_table(src: Sources, data: Path) -> Table:
@@ -453,9 +367,27 @@ def grouped_files(files: list[str]) -> list[str]:
 # -- the page ----------------------------------------------------------------------------------------------
 
 
+def pending_section(claims: ClaimsFile) -> Section | None:
+    """The questions whose experiment is pending or whose files are stale (``[study] pending``), in full."""
+    if not claims.study.pending:
+        return None
+    return Section("Pending", ["\n".join(f"- {p.strip()}" for p in claims.study.pending)])
+
+
+def _up(page_dir: str, target: str) -> str:
+    """``target`` (relative to ``--out``) as linked from a page in ``page_dir`` (relative to ``--out``)."""
+    return os.path.relpath(target, page_dir)
+
+
+def _write_page(out: Path, name: str, title: str, sections: list[Section], files: list[str] | None, note: str) -> Path:
+    path = out / PAGES / name
+    atomic_write_text(path, render_markdown(title, sections, files, note, figures=_up(PAGES, FIGURES)))
+    return path
+
+
 def build_study(claims_path: str | Path, out: str | Path = "docs") -> StudyResult:
-    """Read the claims file and the files its tests name; write ``<out>/REPRODUCTION.md``, its figures and
-    ``<out>/study/reproduction.json``."""
+    """Read the claims file and the files its tests name; write ``<out>/REPRODUCTION.md``, its linked pages under
+    ``<out>/study/page/``, their figures and ``<out>/study/reproduction.json``."""
     claims = load_claims(claims_path)
     data = Path(claims.study.data)
     reader = Reader()
@@ -464,7 +396,10 @@ def build_study(claims_path: str | Path, out: str | Path = "docs") -> StudyResul
     outcomes = study.claims
     out = Path(out)
     canvas = Canvas(out / "study")
-    for old in canvas.dir.glob("*.png"):  # a re-run must not leave figures the new page does not show
+    for old in canvas.dir.glob("*.png"):  # a re-run must not leave figures the new pages do not show
+        old.unlink()
+    (out / PAGES).mkdir(parents=True, exist_ok=True)
+    for old in (out / PAGES).glob("*.md"):  # nor a page for a claim that no longer exists
         old.unlink()
     runs, analyses, sweeps = _inputs(outcomes, data)
     inputs = runs + analyses + sweeps
@@ -477,25 +412,43 @@ def build_study(claims_path: str | Path, out: str | Path = "docs") -> StudyResul
     check = twins_check(twins, data, reader.json) if twins is not None else None
     match = common_match(src)
     pre = declared(claims_path, claims, study, data, reader.json)
-    sections = [summary_section(claims, study, src, check, pre), verdict_table(study, pre)]
-    sections += [claim_section(o, data, reader.json, canvas) for o in outcomes]
-    sections += [pre.section] if pre is not None else []
-    sections += [s for s in (ratio_section(data, reader.json),) if s is not None]
-    sections += [s for s in (premises_section(study),) if s is not None]
-    if twins is not None:
-        sections.append(twins_section(twins, check, data))
-    sections += [intro_section(claims, src, data), method_section()]
-    sections += [s for s in (probe_section(src, canvas, match), budget_section(src, match), cost_section(src)) if s is not None]
-    sections += analysis_sections(src, canvas)
-    sections += sweep_sections(src, canvas)  # evolm report's default window, band and reference
+    command = f"evolm report --study {shown(claims_path)}"
+    home = _up(PAGES, PAGE)
+    sub_note = (f"Part of [the reproduction study]({home}); generated by `{command}` from committed files; regenerate it "
+                "with that command instead of editing it.")
+    claim_pages = {}
+    for o in outcomes:
+        own = [claim_section(o, data, reader.json, canvas)]
+        if pre is not None:
+            status = {"before": BEFORE, "after": AFTER, "changed": CHANGED}.get(pre.claims.get(o.claim.id, ""), "not recorded")
+            own.append(Section(DECLARED_SECTION, [f"**Its tests**: {status} (the whole record: [pre-registration]"
+                                                  f"(preregistration.md)).", *pre.blocks.get(o.claim.id, [])]))
+        files = list(dict.fromkeys(shown(f) for r in o.tests + [p.outcome for p in o.premises] for f in r.files))
+        claim_pages[o.claim.id] = own, grouped_files([shown(claims_path)] + files)
+    context = [s for s in (pending_section(claims), premises_section(study),
+                           twins_section(twins, check, data) if twins is not None else None,
+                           ratio_section(data, reader.json), intro_section(claims, src, data), method_section())
+               if s is not None]
+    context += [s for s in (probe_section(src, canvas, match), budget_section(src, match), cost_section(src)) if s is not None]
+    detail = analysis_sections(src, canvas) + sweep_sections(src, canvas)  # evolm report's default window, band and reference
     files = list(dict.fromkeys(shown(f) for f in reader.files))
     listed = grouped_files(files)
-    note = (f"Generated by `evolm report --study {shown(claims_path)}` from the {len(files)} file{'s' if len(files) != 1 else ''} "
-            f"listed at the end (committed copies of run directories without weights, and analysis outputs, under "
-            f"`{shown(data)}/`); regenerate it with that command instead of editing it.")
+    pages = [_write_page(out, f"{o.claim.id}.md", claim_title(o), *claim_pages[o.claim.id], sub_note) for o in outcomes]
+    if pre is not None:
+        pages.append(_write_page(out, "preregistration.md", "Pre-registration", [pre.section],
+                                 [shown(claims_path), shown(Path(claims_path).parent / RECORD)], sub_note))
+    pages.append(_write_page(out, "runs.md", "What was run, and how the verdicts are reached", context, listed, sub_note))
+    pages.append(_write_page(out, "analyses.md", "Analyses and sweeps", detail or [Section("None", ["No analysis read."])],
+                             None, sub_note + f" Its files are listed on [what was run](runs.md#files-read)."))
+    sections = [summary_section(claims, study, src, twins_brief(check) if check is not None else None, pre),
+                summary_table(study, pre)] + [claim_brief(o) for o in outcomes]
+    note = (f"Generated by `{command}` from the {len(files)} file{'s' if len(files) != 1 else ''} listed on "
+            f"[what was run]({PAGES}/runs.md#files-read) (committed copies of run directories without weights, and "
+            f"analysis outputs, under `{shown(data)}/`); regenerate it with that command instead of editing it.")
     page = out / PAGE
-    atomic_write_text(page, render_markdown(claims.study.title, sections, listed, note, figures=FIGURES))
-    figures = [canvas.path(b.name) for sec in sections for b in sec.blocks if isinstance(b, Figure)]
+    atomic_write_text(page, render_markdown(claims.study.title, sections, None, note, figures=FIGURES))
+    shown_sections = [s for own, _ in claim_pages.values() for s in own] + context + detail
+    figures = [canvas.path(b.name) for sec in shown_sections for b in sec.blocks if isinstance(b, Figure)]
     record = {"claims_file": shown(claims_path), "data": shown(data), "files_read": files,
               "figures": [f"{FIGURES}/{f.name}" for f in figures],
               "premises": [{"id": p.premise.id, "holds": p.holds, "failure": p.premise.failure,
@@ -508,7 +461,7 @@ def build_study(claims_path: str | Path, out: str | Path = "docs") -> StudyResul
                           "tests": [dataclasses.asdict(t) | {"files": [shown(f) for f in t.files]} for t in o.tests]}
                          for o in outcomes]}
     atomic_write_json(out / "study" / "reproduction.json", record)
-    return StudyResult(page, out / "study" / "reproduction.json", figures, outcomes, study.premises)
+    return StudyResult(page, out / "study" / "reproduction.json", figures, outcomes, study.premises, pages)
 
 
-__all__ = ["PAGE", "FIGURES", "StudyResult", "build_study", "shown"]
+__all__ = ["PAGE", "PAGES", "FIGURES", "StudyResult", "build_study", "shown"]

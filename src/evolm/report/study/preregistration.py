@@ -237,6 +237,34 @@ def original_terms(original: dict) -> str:
     return "; ".join(f"{f} {_short(v)}" for f, v in original.items())
 
 
+FIRST_UNTESTABLE = "its outcome is fixed under its terms as first declared"
+"""The ``untestable`` reason a test gets when its terms as first declared fix its outcome."""
+
+
+def evaluate_as_first_declared(claim: Any, data: Path, read: Any, run_gates: dict) -> Any:
+    """``evaluate_claim`` on a claim whose tests carry their terms as first declared. ``untestable`` is no term: it
+    was declared for the current terms, so a test is re-marked to what its first terms make it (untestable when they
+    fix its outcome, testable when they do not) instead of being refused; each test at most once."""
+    import re
+
+    from evolm.errors import ConfigError
+    from evolm.report.study.measure import evaluate_claim
+    flipped: set[int] = set()
+    while True:
+        try:
+            return evaluate_claim(claim, data, read, run_gates)
+        except ConfigError as e:
+            m = re.match(rf"claim {re.escape(claim.id)} test (\d+)\b", str(e))
+            j = int(m.group(1)) - 1 if m else -1
+            if j < 0 or j in flipped or not ("untestable" in str(e) or "fixed by its definition" in str(e)):
+                raise
+            flipped.add(j)
+            t = claim.test[j]
+            tests = list(claim.test)
+            tests[j] = replace(t, untestable="" if t.untestable else FIRST_UNTESTABLE)
+            claim = replace(claim, test=tests)
+
+
 @dataclass
 class Declared:
     """What the page shows about pre-registration: counts, one line per claim, and the changed tests side by side."""
@@ -245,6 +273,11 @@ class Declared:
     claims: dict[str, str]
     """claim id -> its one-word status for the summary row (``before``, ``after``, ``changed``)."""
     section: Any
+    """The whole record: every changed test beside its verdict as first declared, every claim's reason."""
+    first: dict[str, str] = field(default_factory=dict)
+    """claim id -> its verdict under its tests as first declared (claims with a changed test or a late premise)."""
+    blocks: dict[str, list] = field(default_factory=dict)
+    """claim id -> the record's blocks for that claim alone (its changed tests side by side, why, late tests)."""
 
 
 def declared(claims_path: str | Path, claims: Any, study: Any, data: Path, read: Any) -> Declared | None:
@@ -260,6 +293,10 @@ def declared(claims_path: str | Path, claims: Any, study: Any, data: Path, read:
     run_gates = {d: p for p in study.premises if p.holds is False for d in p.premise.covers}
     counts = {BEFORE: 0, AFTER: 0, CHANGED: 0}
     per_claim, table, whys, late = {}, [], [], []
+    first_verdicts: dict[str, str] = {}
+    own: dict[str, list] = {}
+    columns = ["claim", "test", "declared (UTC)", "data (UTC)", "changed", "as first declared", "verdict now",
+               "verdict as first declared"]
     for o in study.claims:
         c = o.claim
         mine = [rows.get((c.id, t.name, False)) for t in c.test] + [rows.get((c.id, p.id, True)) for p in c.premise]
@@ -275,6 +312,7 @@ def declared(claims_path: str | Path, claims: Any, study: Any, data: Path, read:
         if after:
             late.append(f"{c.id}: {len(after)} test{'s' if len(after) > 1 else ''} declared after {'their' if len(after) > 1 else 'its'} data "
                         f"({', '.join(after[:3])}{', ...' if len(after) > 3 else ''})")
+            own[c.id] = ["Declared after their data (never changed since): " + ", ".join(after) + "."]
         if not changed and not added_late:
             continue
         tests = list(c.test)
@@ -293,12 +331,13 @@ def declared(claims_path: str | Path, claims: Any, study: Any, data: Path, read:
         first = dataclasses.replace(c, test=[t for t in tests if t is not None],
                                     premise=[p for p in c.premise if p not in added_late])
         try:
-            then = evaluate_claim(first, data, read, run_gates)
+            then = evaluate_as_first_declared(first, data, read, run_gates)
             then_tests = {t.name: r for t, r in zip(first.test, then.tests)}
             then_verdict = then.verdict
         except Exception as e:
             then_tests, then_verdict = {}, f"not computable ({str(e).splitlines()[0][:120]})"
         now_tests = {t.name: r for t, r in zip(c.test, o.tests)}
+        start = len(table)
         for i, r in changed:
             name = c.test[i].name
             t_then = then_tests.get(name)
@@ -315,6 +354,8 @@ def declared(claims_path: str | Path, claims: Any, study: Any, data: Path, read:
         why = "; ".join(f"{k}: {reasons.get((c.id, k), 'why not recorded')}" for k in commits)
         whys.append(f"- **{c.id}**: verdict now **{o.verdict}**; under its tests as first declared"
                     f"{' and without the premises added after its data' if added_late else ''}: **{then_verdict}**. {why}")
+        first_verdicts[c.id] = then_verdict
+        own[c.id] = [whys[-1][2:], Table(columns, table[start:])] + own.get(c.id, [])
     blocks = [f"Each test is dated by the commit that first declared it (`git log` of the claims file, recorded in "
               f"`experiments/study/{RECORD}` by `python -m evolm.report.study.preregistration`) and compared with the "
               f"date its data came to exist (the runs' `run.json` finished time, else the file's first commit): "
@@ -323,13 +364,13 @@ def declared(claims_path: str | Path, claims: Any, study: Any, data: Path, read:
               f"existed). A claim whose tests changed is re-evaluated on the same files under its tests as first "
               f"declared, side by side with its verdict now."]
     if table:
-        blocks.append(Table(["claim", "test", "declared (UTC)", "data (UTC)", "changed", "as first declared",
-                             "verdict now", "verdict as first declared"], table))
+        blocks.append(Table(columns, table))
     if whys:
         blocks.append("\n".join(whys))
     if late:
         blocks.append("Declared after their data (never changed since):\n" + "\n".join(f"- {x}" for x in late))
-    return Declared(counts, per_claim, Section("Pre-registration: declared before or after the data", blocks))
+    return Declared(counts, per_claim, Section("Pre-registration: declared before or after the data", blocks),
+                    first_verdicts, own)
 
 
 def main(argv: list[str] | None = None) -> int:
