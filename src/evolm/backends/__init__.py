@@ -54,9 +54,9 @@ def make_generators(cfg, model, tokenizer) -> tuple[Generator, Generator]:
     engine of its own; its HF copy takes the updates, held-out evaluation, probes and the centre's score."""
     g = cfg.generation
     if actors_generate(cfg):
-        driver = make_generator("hf", model, tokenizer, g.batch_size, g.prefix_cache, g.cpu_matmul)
+        driver = make_generator("hf", model, tokenizer, g.batch_size, g.prefix_cache, cpu_matmul=g.cpu_matmul)
         return driver, driver
-    train = make_generator(g.backend, model, tokenizer, g.batch_size, g.prefix_cache, g.cpu_matmul, **engine_options(cfg))
+    train = make_generator(g.backend, model, tokenizer, g.batch_size, g.prefix_cache, cpu_matmul=g.cpu_matmul, **engine_options(cfg))
     if heldout_backend(cfg) == g.backend:
         return train, train
     return train, make_heldout_generator(cfg, model, tokenizer)
@@ -65,7 +65,7 @@ def make_generators(cfg, model, tokenizer) -> tuple[Generator, Generator]:
 def make_heldout_generator(cfg, model, tokenizer) -> Generator:
     """Only the held-out generator of a job config (``evolm eval --like`` measures as the run did)."""
     g = cfg.generation
-    return make_generator(heldout_backend(cfg), model, tokenizer, g.batch_size, g.prefix_cache, g.cpu_matmul,
+    return make_generator(heldout_backend(cfg), model, tokenizer, g.batch_size, g.prefix_cache, cpu_matmul=g.cpu_matmul,
                           **engine_options(cfg))
 
 

@@ -336,7 +336,7 @@ class Replica:
         if recipe.checkpoint:
             load_weights(model, Path(recipe.checkpoint))
         # a vLLM engine starts from these weights, with the actor's thread count
-        generator = make_generator(g.backend, model, tokenizer, g.batch_size, g.prefix_cache, g.cpu_matmul,
+        generator = make_generator(g.backend, model, tokenizer, g.batch_size, g.prefix_cache, cpu_matmul=g.cpu_matmul,
                                    **{**engine_options(cfg), "threads": recipe.threads})
         self.generator = generator
         self.model = model
