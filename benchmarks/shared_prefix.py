@@ -33,6 +33,8 @@ split, greedy as both configs are, ``--max-new-tokens``, ``--batch-size``):
   the cached side) and with the workload's ``max_new_tokens`` (the whole call); the share saved is
   1 - on / off. Counted with torch's linears on both sides (the counter does not see oneDNN's op; the
   oneDNN side does the same FLOPs as torch's); GFLOPS per side = call FLOPs x members / seconds;
+- GEMM rates (``--knob cpu_matmul``): float32 ``F.linear`` against oneDNN's at the model's linear shapes, a
+  prefill's rows and a decode step's, alternated in the same run (``gemm_rates``);
 - agreement: every member's completions (text, token count, finished) compared between the two sides,
   the share identical, and the share of completions with equal rewards and of members with equal fitness
   (the prefill is split, so the logits round differently and a near-tie may flip; see backends/hf.py).
@@ -112,6 +114,39 @@ def _flops(generator, prompts: list[str], sampling) -> int:
     with counter:
         generator.generate(prompts, sampling)
     return counter.get_total_flops()
+
+
+def gemm_rates(model, rows: tuple[int, ...] = (3136, 32), repeats: int = 9) -> list[dict]:
+    """GFLOP/s of a float32 ``F.linear`` against oneDNN's (``evolm.backends.cpu_matmul``) at the model's linear
+    shapes, this thread: ``rows`` = a prefill's rows (32 prompts x 98 suffix tokens) and a decode step's (32);
+    each shape's two sides alternated ``repeats`` times, medians."""
+    import torch
+
+    from evolm.backends.cpu_matmul import _forward
+
+    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    h, inter, vocab = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+    out = []
+    for m in rows:
+        for name, (k, n) in {"q/o": (h, h), "gate/up": (h, inter), "down": (inter, h), "lm_head": (h, vocab)}.items():
+            if name == "lm_head" and m != rows[-1]:
+                continue  # the head runs on the last position only (prefill) or every row (decode)
+            layer = torch.nn.Linear(k, n, bias=False)
+            x = torch.randn(m, k)
+            sides = {"torch": lambda: torch.nn.functional.linear(x, layer.weight), "onednn": lambda: _forward(layer, x)}
+            times: dict[str, list[float]] = {side: [] for side in sides}
+            with torch.no_grad():
+                for fn in sides.values():
+                    fn()
+                for _ in range(repeats):
+                    for side, fn in sides.items():
+                        t0 = time.perf_counter()
+                        fn()
+                        times[side].append(time.perf_counter() - t0)
+            flop = 2 * m * k * n
+            out.append({"layer": name, "rows": m, "k": k, "n": n,
+                        **{f"gflops_{side}": flop / statistics.median(t) / 1e9 for side, t in times.items()}})
+    return out
 
 
 def _layout_stats(generator, tokenizer, prompts: list[str], batch_size: int, max_new_tokens: int) -> dict:
@@ -233,11 +268,15 @@ def main(argv=None) -> None:
     torch.set_num_threads(args.threads)
     model, tokenizer = models.load(args.model, dtype="float32", threads=args.threads)
     rows = [measure(name, model, tokenizer, args) for name in args.workloads.split(",")]
-    result = {"device": _cpu_name(), "knob": args.knob, "threads": args.threads, "model": args.model, "torch": torch.__version__,
+    gemm = gemm_rates(model) if args.knob == "cpu_matmul" else []
+    result = {"device": _cpu_name(), "knob": args.knob, "gemm": gemm, "threads": args.threads, "model": args.model, "torch": torch.__version__,
               "dtype": "float32", "repeats": args.repeats, "rows": rows}
     out = Path(args.out) / OUTPUT[args.knob]
     out.write_text(json.dumps(result, indent=1))
     print(table(rows))
+    for g in gemm:
+        print(f"GEMM {g['layer']} {g['rows']} x {g['k']} @ {g['k']} x {g['n']}: torch {g['gflops_torch']:.0f} GFLOP/s, "
+              f"oneDNN {g['gflops_onednn']:.0f} ({g['gflops_onednn'] / g['gflops_torch']:.2f}x)")
     print(f"wrote {out}")
 
 
