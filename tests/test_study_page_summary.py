@@ -118,3 +118,28 @@ def test_c2_under_its_original_margin_reads_contradicted():
         assert re.search(r"\| C2 \| ES entropy, addition, 62 updates \|.*1/64 = 0.016.*\| reproduced \| contradicted \|", text)
     c2_row = next(r for r in _rows(_section("Verdicts")) if r.startswith("| [C2]"))
     assert "as first declared: **contradicted**" in c2_row
+
+
+def test_every_claims_key_number_comes_from_a_test_that_bears_out_its_verdict():
+    # The key number once came from the claims file's `key` whatever that test read: Q3d's row showed a reproduced
+    # number under a "contradicted" verdict (issue 40, item 5). Now the key test bears out the claim's verdict
+    # (measure.decides), or it is a gated claim's failed premise and its line says so, with that test's own verdict.
+    import json
+
+    from evolm.report.study import load_claims
+    from evolm.report.study.measure import evaluate_study
+    from evolm.report.study.words import key_number
+
+    claims = load_claims(ROOT / "experiments" / "study" / "claims.toml")
+    study = evaluate_study(claims, lambda p: json.loads(Path(p).read_text()), ROOT / claims.study.data)
+    q3d = next(o for o in study.claims if o.claim.id == "Q3d")
+    assert q3d.verdict == "contradicted" and q3d.key.verdict == "contradicted", (q3d.key.name, q3d.key.verdict)
+    from evolm.report.study.measure import decides
+    for o in study.claims:
+        r, line = o.key, key_number(o)
+        gate = next((p for p in o.premises if p.outcome is r), None)
+        assert r is not None and (decides(o, r) or gate is not None), (o.claim.id, o.verdict, r and r.verdict)
+        if r.verdict != o.verdict and o.verdict != "not run":
+            assert line.endswith(f": {r.verdict})"), (o.claim.id, line)
+        if line != "–" and o.verdict != "not run":  # the committed page shows the same line under the claim
+            assert f"**Key number** (95% interval): {line}" in _section(f"{o.claim.id}: "), o.claim.id

@@ -795,18 +795,38 @@ def evaluate_claim(claim: Claim, data_dir: Path, read: Reader, run_gates: dict |
     return outcome
 
 
+def decides(o: ClaimOutcome, r: Outcome) -> bool:
+    """Whether test ``r`` bears out claim ``o``'s verdict, so that it can stand for it in the verdict table: a
+    reproduced claim's counted test reproduced; a contradicted claim's counted test contradicted at the family-wise
+    level; an inconclusive claim's counted test neither reproduced nor contradicted there (or, when every counted test
+    reproduced, a declared test that did not run or is untestable: what kept the claim from "reproduced"); an
+    untestable claim's untestable test; a gated claim's test gated the same way. A claim not run takes any test."""
+    if o.verdict == REPRODUCED:
+        return r.counted and r.verdict == REPRODUCED
+    if o.verdict == CONTRADICTED:
+        return r.counted and r.verdict == CONTRADICTED and r.family_verdict == CONTRADICTED
+    if o.verdict == INCONCLUSIVE:
+        if r.counted:
+            return r.verdict != REPRODUCED and (r.family_verdict or r.verdict) != CONTRADICTED
+        return not r.context and r.verdict in (NOT_RUN, UNTESTABLE) and all(t.verdict == REPRODUCED for t in o.tests
+                                                                            if t.counted)
+    if o.verdict == NOT_RUN:
+        return True
+    return r.verdict == o.verdict
+
+
 def key_test(o: ClaimOutcome, claim_gate: PremiseOutcome | None = None) -> Outcome | None:
-    """The outcome the verdict table shows for a claim: its ``key`` test; else, for a claim a premise gated, that
-    premise; for a contradicted claim, its first test contradicted at the family-wise level; else its first
-    counted test (or its first test)."""
-    if o.claim.key:
-        return next(r for r in o.tests if r.name == o.claim.key)
+    """The outcome the verdict table shows for a claim, always one that bears out its verdict (``decides``): its
+    ``key`` test when that one does; else, for a claim a premise gated, that premise; else its first test that does,
+    an inconclusive claim's inconclusive test before one that did not run; else (a claim whose tests all did not
+    run) its first test."""
+    named = next((r for r in o.tests if o.claim.key and r.name == o.claim.key), None)
+    if named is not None and decides(o, named):
+        return named
     if claim_gate is not None:
         return claim_gate.outcome
-    counted = [r for r in o.tests if r.counted]
-    if o.verdict == CONTRADICTED:
-        return next((r for r in counted if r.verdict == CONTRADICTED and r.family_verdict == CONTRADICTED), None)
-    return (counted or [r for r in o.tests if r.verdict in GATED] or o.tests or [None])[0]
+    order = sorted(o.tests, key=lambda r: not r.counted)  # counted tests first, in their order
+    return next((r for r in order if decides(o, r)), None) or (o.tests or [None])[0]
 
 
 def evaluate_study(claims: ClaimsFile, read: Reader, data_dir: str | Path | None = None) -> StudyOutcome:

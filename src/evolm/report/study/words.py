@@ -131,12 +131,17 @@ def describe_premise(p: PremiseOutcome) -> str:
 
 
 def key_number(o: ClaimOutcome) -> str:
-    """The key test's name and number with its interval, e.g. ``GRPO pass@16, 3 seeds: +0.23 [+0.15, +0.31]``."""
+    """The key test's name and number with its interval, e.g. ``GRPO pass@16, 3 seeds: +0.23 [+0.15, +0.31]``; when
+    its own verdict is not the claim's (the failed premise of a gated claim), the line says which it is and its own
+    verdict (the key test bears out the claim's verdict: ``measure.decides``)."""
     r = o.key
     if r is None or r.estimate is None:
         return "–"
     what = r.name or r.label
-    return f"{what}: {interval_text(r)}"
+    if r.verdict == o.verdict or o.verdict == NOT_RUN:
+        return f"{what}: {interval_text(r)}"
+    role = "the claim's premise, which failed; its test" if any(p.outcome is r for p in o.premises) else "this test"
+    return f"{what}: {interval_text(r)} ({role}: {r.verdict})"
 
 
 def why(o: ClaimOutcome) -> str:
