@@ -143,3 +143,17 @@ def test_every_claims_key_number_comes_from_a_test_that_bears_out_its_verdict():
             assert line.endswith(f": {r.verdict})"), (o.claim.id, line)
         if line != "–" and o.verdict != "not run":  # the committed page shows the same line under the claim
             assert f"**Key number** (95% interval): {line}" in _section(f"{o.claim.id}: "), o.claim.id
+
+
+def test_the_interval_change_of_binary_contrasts_is_listed_with_each_tests_old_interval_and_verdict():
+    # issue 40, item 4: binary contrasts moved from a percentile bootstrap to exact intervals after their data; the
+    # record lists every test it changed under both, and each claim page its own
+    record = (PAGES / "preregistration.md").read_text()
+    assert "**Changed after the data, for every test of its kind (2026-12-04)**" in record
+    c2 = "ES vs GRPO pass@16, addition, equal seconds, 3 GRPO seeds"
+    assert re.search(rf"\| C2 \| {re.escape(c2)} \| bootstrap \| \[-0.219, -0.016\] \| contradicted; family-wise: "
+                     r"inconclusive at this scale \| exact, combined \| \[[^]]+\] \| inconclusive at this scale \|", record)
+    c7 = "N = 10 → 30 gap, 135M minus 270M, greedy, 40 updates"
+    for text in (record, (PAGES / "C7.md").read_text()):
+        assert re.search(rf"\| C7 \| {re.escape(c7)} \| bootstrap \| \[\+0.000, \+0.162\] \|.*\| exact, combined \|", text)
+    assert "under the bootstrap binary contrasts had before their exact intervals: none." in MD
