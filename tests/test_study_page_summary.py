@@ -118,3 +118,42 @@ def test_c2_under_its_original_margin_reads_contradicted():
         assert re.search(r"\| C2 \| ES entropy, addition, 62 updates \|.*1/64 = 0.016.*\| reproduced \| contradicted \|", text)
     c2_row = next(r for r in _rows(_section("Verdicts")) if r.startswith("| [C2]"))
     assert "as first declared: **contradicted**" in c2_row
+
+
+def test_every_claims_key_number_comes_from_a_test_that_bears_out_its_verdict():
+    # The key number once came from the claims file's `key` whatever that test read: Q3d's row showed a reproduced
+    # number under a "contradicted" verdict (issue 40, item 5). Now the key test bears out the claim's verdict
+    # (measure.decides), or it is a gated claim's failed premise and its line says so, with that test's own verdict.
+    import json
+
+    from evolm.report.study import load_claims
+    from evolm.report.study.measure import evaluate_study
+    from evolm.report.study.words import key_number
+
+    claims = load_claims(ROOT / "experiments" / "study" / "claims.toml")
+    study = evaluate_study(claims, lambda p: json.loads(Path(p).read_text()), ROOT / claims.study.data)
+    q3d = next(o for o in study.claims if o.claim.id == "Q3d")
+    assert q3d.verdict == "contradicted" and q3d.key.verdict == "contradicted", (q3d.key.name, q3d.key.verdict)
+    from evolm.report.study.measure import decides
+    for o in study.claims:
+        r, line = o.key, key_number(o)
+        gate = next((p for p in o.premises if p.outcome is r), None)
+        assert r is not None and (decides(o, r) or gate is not None), (o.claim.id, o.verdict, r and r.verdict)
+        if r.verdict != o.verdict and o.verdict != "not run":
+            assert line.endswith(f": {r.verdict})"), (o.claim.id, line)
+        if line != "–" and o.verdict != "not run":  # the committed page shows the same line under the claim
+            assert f"**Key number** (95% interval): {line}" in _section(f"{o.claim.id}: "), o.claim.id
+
+
+def test_the_interval_change_of_binary_contrasts_is_listed_with_each_tests_old_interval_and_verdict():
+    # issue 40, item 4: binary contrasts moved from a percentile bootstrap to exact intervals after their data; the
+    # record lists every test it changed under both, and each claim page its own
+    record = (PAGES / "preregistration.md").read_text()
+    assert "**Changed after the data, for every test of its kind (2026-12-04)**" in record
+    c2 = "ES vs GRPO pass@16, addition, equal seconds, 3 GRPO seeds"
+    assert re.search(rf"\| C2 \| {re.escape(c2)} \| bootstrap \| \[-0.219, -0.016\] \| contradicted; family-wise: "
+                     r"inconclusive at this scale \| exact, combined \| \[[^]]+\] \| inconclusive at this scale \|", record)
+    c7 = "N = 10 → 30 gap, 135M minus 270M, greedy, 40 updates"
+    for text in (record, (PAGES / "C7.md").read_text()):
+        assert re.search(rf"\| C7 \| {re.escape(c7)} \| bootstrap \| \[\+0.000, \+0.162\] \|.*\| exact, combined \|", text)
+    assert "under the bootstrap binary contrasts had before their exact intervals: none." in MD

@@ -127,12 +127,31 @@ c4_one() {  # forgetting: Countdown (not trained on), 64 problems x 16 samples a
     --max-new-tokens 24 >> "$OUT/c4.log" 2>&1
 }
 
+# n30 budget overrides, for a smoke run only (tests/test_study_smoke.py): each one set in the environment replaces the
+# config's value when a run starts; unset (as in every command the page prints), the configs' declared budgets run
+# (ES: 40 updates of N = 30 on 16 prompts; GRPO: 36 steps; 64 held-out problems). ITERATIONS, POPULATION and
+# PROMPTS are ES's (es.iterations, es.population, es.prompts_per_iteration), STEPS is GRPO's (grpo.steps), EVAL_COUNT
+# both's held-out problems (eval.count).
+n30_budget() {  # n30_budget KIND: the --set flags of the overrides set for KIND (es or grpo)
+  local kind=$1
+  if [ "$kind" = es ]; then
+    [ -z "${ITERATIONS:-}" ] || echo "es.iterations=$ITERATIONS"
+    [ -z "${POPULATION:-}" ] || echo "es.population=$POPULATION"
+    [ -z "${PROMPTS:-}" ] || echo "es.prompts_per_iteration=$PROMPTS"
+  else
+    [ -z "${STEPS:-}" ] || echo "grpo.steps=$STEPS"
+  fi
+  [ -z "${EVAL_COUNT:-}" ] || echo "eval.count=$EVAL_COUNT"
+}
+
 # n30_one KIND SEED: n30-KIND-sSEED from experiments/study/c1c2n30-KIND.toml with run.seed = SEED (resumed if it exists)
 n30_one() {
-  local kind=$1 seed=$2 name="n30-$1-s$2"
+  local kind=$1 seed=$2 name="n30-$1-s$2" budget=() b
+  for b in $(n30_budget "$kind"); do budget+=(--set "$b"); done
   if [ -d "$OUT/$name" ]; then "$PY" -m evolm "$kind" --resume "$OUT/$name" --set run.progress=false
   else "$PY" -m evolm "$kind" --config "experiments/study/c1c2n30-$kind.toml" --set "run.seed=$seed" \
-    --set "run.name=\"$name\"" --set "run.out_dir=\"$OUT\"" --set run.progress=false; fi > "$OUT/$name.log" 2>&1
+    --set "run.name=\"$name\"" --set "run.out_dir=\"$OUT\"" --set run.progress=false ${budget[@]+"${budget[@]}"}; fi \
+    > "$OUT/$name.log" 2>&1
 }
 
 case "${1:-}" in

@@ -52,6 +52,10 @@ Statistics (``stats``; pure functions over what was read):
   problems are averaged per problem and resampled together, runs on different problems are resampled on their own
   (``stratified_interval``). Per run, its own change and interval are shown beside.
 - A contrast pairs within each set and resamples the two sets independently (``contrast_interval``).
+- Binary contrasts get exact intervals, never a bootstrap: when every file a test reads is 0 or 1 per problem, a sum
+  of paired differences (a contrast's two gaps, a change against another change, several seeds pooled) gets each
+  difference's exact interval at 1 − α/m, summed by interval arithmetic (``combined_exact_interval``; Bonferroni, so
+  its coverage is at least 95% whatever the rates and the dependence between the differences).
 
 Verdicts (``verdicts``):
 
@@ -108,9 +112,9 @@ from evolm.report.study.measure import (ClaimOutcome, Level, Outcome, PremiseOut
                                         evaluate_claims, evaluate_premise, evaluate_study, evaluate_test, files_of,
                                         label_of, lookup, resolve_margin, task_report)
 from evolm.report.study.stats import (BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, FAMILY_RESAMPLES, LEVEL, ROUND_DIGITS,
-                                      bootstrap_curve, bootstrap_interval, contrast_interval, count_interval,
-                                      exact_proportion_interval, family_level, null_interval, paired_binary_interval,
-                                      pooled_problems, problem_values, stratified_interval)
+                                      bootstrap_curve, bootstrap_interval, combined_exact_interval, contrast_interval,
+                                      count_interval, exact_proportion_interval, family_level, null_interval,
+                                      paired_binary_interval, pooled_problems, problem_values, stratified_interval)
 from evolm.report.study.testability import fixed_by_data, fixed_by_definition, noise_walk_bound, noise_walk_fraction
 from evolm.report.study.verdicts import (CONTRADICTED, GATED, INCONCLUSIVE, MARGIN_EXPECTS, NOT_RUN, PREMISE_ABSENT,
                                          REPRODUCED, TRAINING_FAILED, UNTESTABLE, VERDICTS, claim_verdict,
@@ -124,8 +128,8 @@ __all__ = [
     "evaluate_premise", "evaluate_study", "evaluate_test", "files_of", "label_of", "lookup", "resolve_margin",
     "task_report",
     "BOOTSTRAP_RESAMPLES", "BOOTSTRAP_SEED", "FAMILY_RESAMPLES", "LEVEL", "ROUND_DIGITS", "bootstrap_curve",
-    "bootstrap_interval", "contrast_interval", "count_interval", "exact_proportion_interval", "family_level",
-    "null_interval", "paired_binary_interval", "pooled_problems", "problem_values", "stratified_interval",
+    "bootstrap_interval", "combined_exact_interval", "contrast_interval", "count_interval", "exact_proportion_interval",
+    "family_level", "null_interval", "paired_binary_interval", "pooled_problems", "problem_values", "stratified_interval",
     "CONTRADICTED", "GATED", "INCONCLUSIVE", "MARGIN_EXPECTS", "NOT_RUN", "PREMISE_ABSENT", "REPRODUCED",
     "TRAINING_FAILED", "UNTESTABLE", "VERDICTS", "claim_verdict", "interval_verdict", "value_verdict",
     "describe", "describe_premise", "family_note", "key_number", "why",

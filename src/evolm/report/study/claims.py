@@ -217,8 +217,9 @@ class Claim:
     not_run: str = ""
     """Why it was not run this session (empty when run)."""
     key: str = ""
-    """The ``name`` of the test whose number the page's verdict table shows (default: the test that decided the
-    verdict, else the first counted one)."""
+    """The ``name`` of the test whose number the page shows as the claim's key number, when that test bears out the
+    claim's verdict (``measure.decides``); otherwise, and by default, the first test that does (for a claim a premise
+    gated: that premise)."""
     premise: list[Premise] = field(default_factory=list)
     """Its preconditions (``[[claim.premise]]``)."""
     test: list[ClaimTest] = field(default_factory=list)

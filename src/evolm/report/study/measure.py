@@ -11,15 +11,19 @@ from typing import Any, Callable
 
 from evolm.errors import UserError
 from evolm.report.study.claims import Claim, ClaimsFile, ClaimTest, Premise
-from evolm.report.study.stats import (BOOTSTRAP_RESAMPLES, FAMILY_RESAMPLES, LEVEL, bootstrap_interval, contrast_interval,
-                                      count_interval, family_level, is_binary, null_interval, paired_binary_interval,
-                                      problem_values, seed_interval, stratified_interval)
+from evolm.report.study.stats import (BOOTSTRAP_RESAMPLES, FAMILY_RESAMPLES, LEVEL, bootstrap_interval,
+                                      combined_exact_interval, contrast_interval, count_interval, family_level, is_binary,
+                                      null_interval, paired_binary_interval, problem_values, seed_interval,
+                                      stratified_interval)
 from evolm.report.study.testability import mark, noise_walk_fraction
 from evolm.report.study.verdicts import (CONTRADICTED, GATED, INCONCLUSIVE, MARGIN_EXPECTS, NOT_RUN, REPRODUCED,
                                          UNTESTABLE, claim_verdict, interval_verdict, value_verdict)
 
 Reader = Callable[[Path], Any]
 """``read(path)`` parses one JSON file (the page's reader also records it)."""
+EXACT, COMBINED = "exact", "exact, combined"
+"""The methods of a binary test's interval: one paired difference (``stats.paired_binary_interval``), or a sum of
+several (a contrast, a change against a change, seeds pooled: ``stats.combined_exact_interval``)."""
 
 
 @dataclass
@@ -47,7 +51,12 @@ class Outcome:
     enrichment's exact interval); None for an exact number."""
     method: str = ""
     """How the interval was made: ``bootstrap``, ``stratified bootstrap`` (several seeds), ``exact`` (a binary
-    metric: ``stats.paired_binary_interval``), or empty (a value test; see its description)."""
+    metric: ``stats.paired_binary_interval``), ``exact, combined`` (a sum of binary differences:
+    ``stats.combined_exact_interval``, the terms in ``exact_terms``), ``t over N seeds``, or empty (a value test;
+    see its description)."""
+    exact_terms: list[dict] = field(default_factory=list)
+    """``exact, combined``: one dict per paired difference summed (``weight``, ``mean``, its interval ``lo``/``hi``
+    at ``level_each``, discordant ``n01``/``n10``, ``problems``)."""
     null: list[float] | None = None
     """value: the permutation null's 95% interval of a share-of-‖Δ‖² enrichment."""
     a: float | None = None
@@ -146,6 +155,10 @@ class Level:
     """Interval coverage (``LEVEL``, or a claim's ``family_level``)."""
     resamples: int = BOOTSTRAP_RESAMPLES
     """Bootstrap resamples (``FAMILY_RESAMPLES`` at a family-wise level, whose tails need more)."""
+    binary: str = EXACT
+    """A sum of binary differences (a contrast, a change against a change, seeds pooled): ``exact``
+    (``stats.combined_exact_interval``) or ``bootstrap``, the percentile bootstrap it had until 2026-12-04 (issue 40,
+    item 4), kept only to show what the bootstrap said (``preregistration``)."""
 
 
 @dataclass(frozen=True)
@@ -427,9 +440,11 @@ def _change_numbers(result: Outcome, test: ClaimTest, units: list[tuple[str, lis
         return
     total = sum(n for n, _ in strata)
     weights = [(n / total, d) for n, d in strata]
-    pairs = [(x, y) for _, (b, a) in units for x, y in _pairs(b, a, test, read)] if len(units) == 1 else []
-    if len(units) == 1 and is_binary([x for x, _ in pairs]) and is_binary([y for _, y in pairs]):
-        _exact(result, pairs, at)
+    runs = [_pairs(b, a, test, read) for _, (b, a) in units]
+    if len(units) == 1 and _binary(runs):
+        _exact(result, runs[0], at)
+    elif _binary(runs) and at.binary == EXACT:  # the mean of the runs' changes: the same estimate as the strata's
+        _combined(result, [(1.0 / len(runs), p) for p in runs], at)
     else:
         mean, lo, hi = stratified_interval(weights, at.resamples, level=at.level)
         result.estimate, result.interval = mean, [lo, hi]
@@ -509,8 +524,16 @@ def _compare_numbers(result: Outcome, test: ClaimTest, a_files: list[Path], b_fi
     if not pairs:
         result.detail = f"no per-problem {test.metric} in {' or '.join(result.files)}"
         return
-    if len(a_files) == len(b_files) == 1 and not bases and is_binary([x for x, _ in pairs]) and is_binary([y for _, y in pairs]):
+    base_vals = [_values(p, test.metric, test.task, read) for p in bases]
+    if len(a_files) == len(b_files) == 1 and not bases and _binary([pairs]):
         _exact(result, pairs, at)
+    elif _binary([[(x, x) for x in v.values()] for v in a_vals + b_vals + base_vals]) and at.binary == EXACT:
+        if bases:  # (b − b_base) − (a − a_base): two paired differences on the same problems
+            terms = [(1.0, _paired_values(base_vals[1], b_vals[0])), (-1.0, _paired_values(base_vals[0], a_vals[0]))]
+        else:  # mean(b files) − mean(a files) = the mean of every (a file, b file) pair's difference
+            w = 1.0 / (len(a_vals) * len(b_vals))
+            terms = [(w, _paired_values(x, y)) for x in a_vals for y in b_vals]
+        _combined(result, terms, at)
     else:
         mean, lo, hi = bootstrap_interval([y - x for x, y in pairs], at.resamples, level=at.level)
         result.estimate, result.interval, result.method = mean, [lo, hi], "bootstrap"
@@ -542,10 +565,26 @@ def _own_interval(pairs: list[tuple[float, float]]) -> tuple[float, float, float
     return bootstrap_interval([y - x for x, y in pairs])
 
 
+def _binary(groups: list[list[tuple[float, float]]]) -> bool:
+    """Whether every value of every group of (a, b) pairs is 0 or 1 (and no group is empty)."""
+    return bool(groups) and all(is_binary([x for x, _ in g]) and is_binary([y for _, y in g]) for g in groups)
+
+
+def _paired_values(a: dict, b: dict) -> list[tuple[float, float]]:
+    """(a, b) per problem of two files' values on the same problems, where both have one."""
+    return [(a[i], b[i]) for i in a if a[i] is not None and b.get(i) is not None]
+
+
 def _exact(result: Outcome, pairs: list[tuple[float, float]], at: Level) -> None:
     exact = paired_binary_interval(pairs, at.level)
-    result.estimate, result.interval, result.method = exact["mean"], [exact["lo"], exact["hi"]], "exact"
+    result.estimate, result.interval, result.method = exact["mean"], [exact["lo"], exact["hi"]], EXACT
     result.p, result.discordant = exact["p"], [exact["n01"], exact["n10"]]
+
+
+def _combined(result: Outcome, terms: list[tuple[float, list[tuple[float, float]]]], at: Level) -> None:
+    c = combined_exact_interval(terms, at.level)
+    result.estimate, result.interval, result.method = c["mean"], [c["lo"], c["hi"]], COMBINED
+    result.exact_terms = [dict(t, level_each=c["level_each"]) for t in c["terms"]]
 
 
 # -- contrast and value tests ----------------------------------------------------------------------------------
@@ -556,17 +595,23 @@ def _contrast(claim: str, test: ClaimTest, label: str, paths: list[Path], read: 
     result = Outcome(claim, test.kind, label, NOT_RUN, name=test.name, expect=test.expect, files=[str(p) for p in paths])
     if _missing(result, paths):
         return result
-    gaps = []
+    sets = []
     for x_path, y_path in (paths[:2], paths[2:]):
         vx, vy = (_values(p, test.metric, "", read) for p in (x_path, y_path))
         _same_problems(vx, vy, x_path, y_path)
-        gaps.append([vy[i] - vx[i] for i in vx if vx[i] is not None and vy[i] is not None])
+        sets.append(_paired_values(vx, vy))
+    gaps = [[y - x for x, y in pairs] for pairs in sets]
     if not gaps[0] or not gaps[1]:
         result.detail = f"no per-problem {test.metric} in {' or '.join(map(str, paths))}"
         return result
-    mean, lo, hi = contrast_interval(gaps[0], gaps[1], at.resamples, level=at.level)
+    if _binary(sets) and at.binary == EXACT:  # each gap's exact interval, combined (Bonferroni)
+        _combined(result, [(1.0, sets[0]), (-1.0, sets[1])], at)
+        mean, (lo, hi) = result.estimate, result.interval
+    else:
+        mean, lo, hi = contrast_interval(gaps[0], gaps[1], at.resamples, level=at.level)
+        result.method = "bootstrap"
     result.verdict = interval_verdict(test.expect, lo, hi)
-    result.estimate, result.interval, result.method = mean, [lo, hi], "bootstrap"
+    result.estimate, result.interval = mean, [lo, hi]
     result.a, result.b = (sum(g) / len(g) for g in gaps)
     result.problems = len(gaps[0]) + len(gaps[1])
     result.detail = f"{len(gaps[0])} + {len(gaps[1])} problems"
@@ -741,9 +786,10 @@ def evaluate_test(claim: Claim | str, test: ClaimTest, data_dir: Path, read: Rea
     return result
 
 
-def evaluate_premise(owner: str, premise: Premise, data_dir: Path, read: Reader) -> PremiseOutcome:
-    """A premise's test at 95% and whether it holds (``holds_when``); None when it did not run."""
-    outcome = evaluate_test(owner, premise, data_dir, read)
+def evaluate_premise(owner: str, premise: Premise, data_dir: Path, read: Reader, binary: str = EXACT) -> PremiseOutcome:
+    """A premise's test at 95% and whether it holds (``holds_when``); None when it did not run. ``binary``:
+    ``Level.binary``."""
+    outcome = evaluate_test(owner, premise, data_dir, read, Level(binary=binary))
     outcome.name = outcome.name or premise.id
     if outcome.verdict == NOT_RUN:
         return PremiseOutcome(premise, outcome, None)
@@ -751,16 +797,17 @@ def evaluate_premise(owner: str, premise: Premise, data_dir: Path, read: Reader)
     return PremiseOutcome(premise, outcome, holds)
 
 
-def evaluate_claim(claim: Claim, data_dir: Path, read: Reader, run_gates: dict | None = None) -> ClaimOutcome:
+def evaluate_claim(claim: Claim, data_dir: Path, read: Reader, run_gates: dict | None = None,
+                   binary: str = EXACT) -> ClaimOutcome:
     """A claim's premises, its tests at 95%, its counted tests again at the claim's family-wise level, and its
-    verdict (package docstring). ``run_gates``: directory -> failed run premise (``evaluate_study``). Each file is
-    read once: the family-wise pass reuses what the first pass read."""
+    verdict (package docstring). ``run_gates``: directory -> failed run premise (``evaluate_study``); ``binary``:
+    ``Level.binary``. Each file is read once: the family-wise pass reuses what the first pass read."""
     read = functools.cache(read)
-    premises = [evaluate_premise(claim.id, p, data_dir, read) for p in claim.premise]
+    premises = [evaluate_premise(claim.id, p, data_dir, read, binary) for p in claim.premise]
     failed = {p.premise.id: p for p in premises if p.holds is False}
     gates = Gates(dict(run_gates or {}), {i: p for i, p in failed.items() if p.premise.gates == "tests"})
     claim_gate = next((p for p in premises if p.holds is False and p.premise.gates == "claim"), None)
-    tests = [evaluate_test(claim, t, data_dir, read, gates=gates) for t in claim.test]
+    tests = [evaluate_test(claim, t, data_dir, read, Level(binary=binary), gates) for t in claim.test]
     for j, (t, r) in enumerate(zip(claim.test, tests)):  # a test whose outcome is fixed: refused, or shown as such
         mark(f"claim {claim.id} test {j + 1}" + (f" '{t.name}'" if t.name else ""), t, r, UNTESTABLE)
     if claim_gate is not None:
@@ -772,7 +819,7 @@ def evaluate_claim(claim: Claim, data_dir: Path, read: Reader, run_gates: dict |
     for t, r in counted:
         r.family_verdict, r.family_interval = r.verdict, r.interval if r.null is None else r.null
         if len(counted) > 1 and r.estimate is not None and (r.interval or r.null):
-            wide = evaluate_test(claim, t, data_dir, read, Level(level, FAMILY_RESAMPLES), gates)
+            wide = evaluate_test(claim, t, data_dir, read, Level(level, FAMILY_RESAMPLES, binary), gates)
             r.family_level, r.family_verdict = level, wide.measured or wide.verdict
             r.family_interval = wide.interval if wide.null is None else wide.null
     ran = [r for r in tests if not r.context and r.verdict != NOT_RUN]
@@ -795,18 +842,38 @@ def evaluate_claim(claim: Claim, data_dir: Path, read: Reader, run_gates: dict |
     return outcome
 
 
+def decides(o: ClaimOutcome, r: Outcome) -> bool:
+    """Whether test ``r`` bears out claim ``o``'s verdict, so that it can stand for it in the verdict table: a
+    reproduced claim's counted test reproduced; a contradicted claim's counted test contradicted at the family-wise
+    level; an inconclusive claim's counted test neither reproduced nor contradicted there (or, when every counted test
+    reproduced, a declared test that did not run or is untestable: what kept the claim from "reproduced"); an
+    untestable claim's untestable test; a gated claim's test gated the same way. A claim not run takes any test."""
+    if o.verdict == REPRODUCED:
+        return r.counted and r.verdict == REPRODUCED
+    if o.verdict == CONTRADICTED:
+        return r.counted and r.verdict == CONTRADICTED and r.family_verdict == CONTRADICTED
+    if o.verdict == INCONCLUSIVE:
+        if r.counted:
+            return r.verdict != REPRODUCED and (r.family_verdict or r.verdict) != CONTRADICTED
+        return not r.context and r.verdict in (NOT_RUN, UNTESTABLE) and all(t.verdict == REPRODUCED for t in o.tests
+                                                                            if t.counted)
+    if o.verdict == NOT_RUN:
+        return True
+    return r.verdict == o.verdict
+
+
 def key_test(o: ClaimOutcome, claim_gate: PremiseOutcome | None = None) -> Outcome | None:
-    """The outcome the verdict table shows for a claim: its ``key`` test; else, for a claim a premise gated, that
-    premise; for a contradicted claim, its first test contradicted at the family-wise level; else its first
-    counted test (or its first test)."""
-    if o.claim.key:
-        return next(r for r in o.tests if r.name == o.claim.key)
+    """The outcome the verdict table shows for a claim, always one that bears out its verdict (``decides``): its
+    ``key`` test when that one does; else, for a claim a premise gated, that premise; else its first test that does,
+    an inconclusive claim's inconclusive test before one that did not run; else (a claim whose tests all did not
+    run) its first test."""
+    named = next((r for r in o.tests if o.claim.key and r.name == o.claim.key), None)
+    if named is not None and decides(o, named):
+        return named
     if claim_gate is not None:
         return claim_gate.outcome
-    counted = [r for r in o.tests if r.counted]
-    if o.verdict == CONTRADICTED:
-        return next((r for r in counted if r.verdict == CONTRADICTED and r.family_verdict == CONTRADICTED), None)
-    return (counted or [r for r in o.tests if r.verdict in GATED] or o.tests or [None])[0]
+    order = sorted(o.tests, key=lambda r: not r.counted)  # counted tests first, in their order
+    return next((r for r in order if decides(o, r)), None) or (o.tests or [None])[0]
 
 
 def evaluate_study(claims: ClaimsFile, read: Reader, data_dir: str | Path | None = None) -> StudyOutcome:

@@ -21,6 +21,10 @@ Design decisions:
   why); a change with no entry there reads "why: not recorded".
 - Claim premises (``[[claim.premise]]``) are dated the same way; a claim whose premise was added after its data
   is also shown with its verdict without that premise.
+- A change of the study's statistics after the data (``[[method]]`` in ``revisions.toml``: when, what, why, and the
+  ``Level.binary`` that computes the method it replaced) is no term of one test: every test whose interval it
+  changed is listed with its interval and verdict under the old method beside the new, and every claim with its
+  verdict under the old method (2026-12-04: binary contrasts got exact intervals instead of percentile bootstraps).
 """
 
 from __future__ import annotations
@@ -190,21 +194,40 @@ class Revision:
 
 
 @dataclass
+class MethodRevision:
+    """A change of how the study computes intervals, made after data existed: ``[[method]]`` in ``revisions.toml``."""
+
+    date: str = ""
+    """When it was made (UTC date)."""
+    change: str = ""
+    """What changed, in a few words (e.g. "binary contrasts: percentile bootstrap -> exact interval")."""
+    why: str = ""
+    """Why it changed."""
+    before: str = ""
+    """The ``measure.Level.binary`` value that computes the replaced method (e.g. ``bootstrap``)."""
+
+
+@dataclass
 class Revisions:
     """``experiments/study/revisions.toml``."""
 
     revision: list[Revision] = field(default_factory=list)
     """The recorded reasons."""
+    method: list[MethodRevision] = field(default_factory=list)
+    """Changes of the study's statistics after the data."""
+
+
+def load_revisions(claims_path: str | Path) -> Revisions:
+    """``revisions.toml`` beside the claims file (empty when absent)."""
+    path = Path(claims_path).parent / REVISIONS
+    return config.from_dict(Revisions, config.read_toml(path)) if path.exists() else Revisions()
 
 
 def load_record(claims_path: str | Path) -> tuple[dict | None, dict[tuple[str, str], str]]:
     """The committed record beside the claims file (None when absent) and the reasons, by (claim, commit)."""
     base = Path(claims_path).parent
     record = json.loads((base / RECORD).read_text()) if (base / RECORD).exists() else None
-    reasons: dict[tuple[str, str], str] = {}
-    if (base / REVISIONS).exists():
-        for r in config.from_dict(Revisions, config.read_toml(base / REVISIONS)).revision:
-            reasons[(r.claim, r.commit)] = r.why
+    reasons = {(r.claim, r.commit): r.why for r in load_revisions(claims_path).revision}
     return record, reasons
 
 
@@ -278,6 +301,8 @@ class Declared:
     """claim id -> its verdict under its tests as first declared (claims with a changed test or a late premise)."""
     blocks: dict[str, list] = field(default_factory=dict)
     """claim id -> the record's blocks for that claim alone (its changed tests side by side, why, late tests)."""
+    method: dict[str, str] = field(default_factory=dict)
+    """claim id -> its verdict under the statistics a ``[[method]]`` revision replaced (claims with a test it changed)."""
 
 
 def declared(claims_path: str | Path, claims: Any, study: Any, data: Path, read: Any) -> Declared | None:
@@ -369,8 +394,53 @@ def declared(claims_path: str | Path, claims: Any, study: Any, data: Path, read:
         blocks.append("\n".join(whys))
     if late:
         blocks.append("Declared after their data (never changed since):\n" + "\n".join(f"- {x}" for x in late))
+    method = {}
+    for rev in load_revisions(claims_path).method:
+        text, rows, then = method_changes(rev, study, data, read, run_gates)
+        blocks += [text, Table(METHOD_COLUMNS, rows)] if rows else [text]
+        for cid, verdict in then.items():
+            method[cid] = verdict
+            mine = [r for r in rows if r[0] == cid]
+            own.setdefault(cid, []).extend([f"{rev.date}, after the data: {rev.change} ({rev.why}). Verdict under the old "
+                                            f"method: **{verdict}**.", Table(METHOD_COLUMNS, mine)])
     return Declared(counts, per_claim, Section("Pre-registration: declared before or after the data", blocks),
-                    first_verdicts, own)
+                    first_verdicts, own, method)
+
+
+METHOD_COLUMNS = ["claim", "test", "old method", "interval then", "verdict then", "method now", "interval now",
+                  "verdict now"]
+"""The columns of a ``[[method]]`` revision's table."""
+
+
+def method_changes(rev: MethodRevision, study: Any, data: Path, read: Any, run_gates: dict) -> tuple[str, list, dict]:
+    """A ``[[method]]`` revision's paragraph, one row per test whose interval it changed (old beside new) and every
+    such claim's verdict under the old method (claim id -> verdict)."""
+    from evolm.report.study.measure import evaluate_claim
+
+    def ends(r: Any) -> str:
+        return "–" if not r.interval else f"[{r.interval[0]:+.3f}, {r.interval[1]:+.3f}]"
+
+    def shown(r: Any) -> str:
+        wide = f"; family-wise: {r.family_verdict}" if r.family_level is not None and r.family_verdict != r.verdict else ""
+        return r.verdict + (f" (measured: {r.measured})" if r.measured else "") + wide
+
+    rows, then = [], {}
+    for o in study.claims:
+        old = evaluate_claim(o.claim, data, read, run_gates, binary=rev.before)
+        pairs = list(zip(o.tests, old.tests)) + [(p.outcome, q.outcome) for p, q in zip(o.premises, old.premises)]
+        changed = [(r, q) for r, q in pairs if r.method != q.method]
+        for r, q in changed:
+            name = r.name or r.label
+            name = f"premise: {name}" if any(p.outcome is r for p in o.premises) else name
+            rows.append([o.claim.id, name, q.method, ends(q), shown(q), r.method, ends(r), shown(r)])
+        if changed:
+            then[o.claim.id] = old.verdict
+    moved = [f"{cid} ({v} under the old method)" for cid, v in then.items()
+             if v != next(o.verdict for o in study.claims if o.claim.id == cid)]
+    text = (f"**Changed after the data, for every test of its kind ({rev.date})**: {rev.change}. Why: {rev.why}. "
+            f"{len(rows)} tests and premises of {len(then)} claims changed interval; claims whose verdict moved: "
+            f"{', '.join(moved) or 'none'}. Each such test, under the old method and the new:")
+    return text, rows, then
 
 
 def main(argv: list[str] | None = None) -> int:

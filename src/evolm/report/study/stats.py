@@ -4,6 +4,16 @@ Distributions and exact intervals come from scipy (``scipy.stats.binomtest`` for
 McNemar's exact test, ``scipy.stats.norm`` for quantiles, ``scipy.special`` for the multinomial probabilities of
 the exact unconditional interval of a paired difference); the bootstrap is numpy with fixed seeds, so the page
 regenerates with the same numbers.
+
+Binary contrasts get exact intervals, never a bootstrap (issue 40, item 4). When every file a test reads is 0 or 1
+per problem (greedy; pass@n of n samples), the difference of one pair of files gets the exact unconditional interval
+of a paired difference (``paired_binary_interval``: Tango's score test inverted, its p-value maximised over the
+discordance rate, Chan & Zhang 1999; McNemar's exact p from ``scipy.stats.binomtest`` on the discordant counts);
+a combination of such differences (a contrast of two gaps on two problem sets, a change against another change on
+the same problems, several seeds' differences pooled) gets ``combined_exact_interval``: each difference's exact
+interval at 1 − α/m, summed by interval arithmetic (Bonferroni), whose coverage is at least the level whatever the
+rates and the dependence between the terms. No bootstrap is ever taken of 0/1 data; tests/test_study_calibration.py
+checks the coverage on simulated 0/1 data.
 """
 
 from __future__ import annotations
@@ -271,6 +281,36 @@ def paired_binary_interval(pairs: Sequence[tuple[float, float]], level: float = 
     p = float(scipy_stats.binomtest(n01, n01 + n10, 0.5).pvalue) if n01 + n10 else 1.0
     mean, lo, hi = _rounded((n01 - n10) / n, lo, hi)
     return {"mean": mean, "lo": lo, "hi": hi, "p": p, "n01": n01, "n10": n10, "problems": n}
+
+
+def combined_exact_interval(terms: Sequence[tuple[float, Sequence[tuple[float, float]]]], level: float = LEVEL) -> dict:
+    """An exact interval for a weighted sum of paired binary differences, ``Σ w_g · mean(b − a over pairs_g)``: the
+    gap of one set minus the gap of another (a contrast: weights +1 and −1), a change from a base minus another
+    change on the same problems, or the mean of several seeds' differences.
+
+    Each term gets its exact paired interval (``paired_binary_interval``) at the level 1 − (1 − ``level``) / m, m the
+    number of terms, and the ends are combined by interval arithmetic: ``Σ w_g · [lo_g, hi_g]`` (a negative weight
+    swaps a term's ends). By Bonferroni's inequality every term's interval holds its true difference at once with
+    probability >= ``level``, so the sum's interval covers the true sum at least at ``level`` whatever the rates, the
+    problems' number and the dependence between the terms (two gaps measured on the same problems included): an
+    exact (conservative) interval, where a percentile bootstrap on 0/1 data resting on one discordant problem per
+    term gives intervals that are too short. One term of weight 1 is ``paired_binary_interval`` itself.
+
+    Returns ``{mean, lo, hi, level_each, terms}``, ``terms`` one dict per term: ``{weight, mean, lo, hi, n01, n10,
+    problems}`` (its interval at ``level_each``)."""
+    if not terms or any(len(pairs) == 0 for _, pairs in terms):
+        raise ValueError("an exact combined interval needs at least one problem in each term")
+    each = round(1.0 - (1.0 - level) / len(terms), 12)
+    rows, mean, lo, hi = [], 0.0, 0.0, 0.0
+    for w, pairs in terms:
+        e = paired_binary_interval(pairs, each)
+        mean += w * e["mean"]
+        lo += w * (e["lo"] if w >= 0 else e["hi"])
+        hi += w * (e["hi"] if w >= 0 else e["lo"])
+        rows.append({"weight": w, "mean": e["mean"], "lo": e["lo"], "hi": e["hi"], "n01": e["n01"], "n10": e["n10"],
+                     "problems": e["problems"]})
+    mean, lo, hi = _rounded(mean, lo, hi)
+    return {"mean": mean, "lo": lo, "hi": hi, "level_each": each, "terms": rows}
 
 
 def normal_quantile(q: float) -> float:

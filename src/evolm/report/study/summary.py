@@ -98,7 +98,11 @@ def summary_section(claims: ClaimsFile, study: StudyOutcome, src: Sources, twins
                  if v != next(o.verdict for o in study.claims if o.claim.id == cid)]
         lines.append("**Pre-registration**: " + ", ".join(f"{n} tests {k.replace(' its ', ' their ')}" for k, n in pre.counts.items())
                      + f" ([record]({PAGES}/preregistration.md)); verdict as first declared where it differs: "
-                     + (", ".join(moved) or "none") + ".")
+                     + (", ".join(moved) or "none")
+                     + ("" if not pre.method else "; under the bootstrap binary contrasts had before their exact intervals: "
+                        + (", ".join(f"{cid} ({_first(v)})" for cid, v in pre.method.items()
+                                     if v != next(o.verdict for o in study.claims if o.claim.id == cid)) or "none"))
+                     + ".")
     lines.append(bases_line(src))
     if claims.study.scale:
         lines.append(f"**Scale**: {claims.study.scale.strip()}")

@@ -65,6 +65,15 @@ def seeds_note(r: Outcome) -> str:
     return "; per run: " + ", ".join(parts)
 
 
+def exact_terms_note(r: Outcome) -> str:
+    """``exact: 2 paired differences' exact 97.5% intervals summed (Bonferroni), discordant 1 vs 0 of 64, 0 vs 1 of 23``
+    for an interval made by ``stats.combined_exact_interval``."""
+    t = r.exact_terms
+    counts = ", ".join(f"{x['n01']} vs {x['n10']} of {x['problems']}" for x in t)
+    return (f"exact: {len(t)} paired differences' exact {100 * t[0]['level_each']:.4g}% intervals summed (Bonferroni), "
+            f"discordant {counts}")
+
+
 def _margin(r: Outcome) -> str:
     return f"; margin {r.margin_note}" if r.margin_note and r.margin is not None else ""
 
@@ -82,8 +91,9 @@ def _describe(r: Outcome) -> str:
     if r.verdict == NOT_RUN:
         return f"{title}: not run ({r.detail})" if r.detail else f"{title}: not run"
     if r.kind == "contrast" and r.estimate is not None:
+        how = exact_terms_note(r) if r.exact_terms else "each set resampled on its own"
         return (f"{title}: first gap {_signed(r.a)}, second gap {_signed(r.b)}; difference {interval_text(r)} "
-                f"({r.detail}, each set resampled on its own; expected {r.expect.replace('_', ' ')}): {_verdict(r)}")
+                f"({r.detail}, {how}; expected {r.expect.replace('_', ' ')}): {_verdict(r)}")
     if r.kind in ("change", "compare") and r.estimate is not None:
         arrow = f"{r.a:.3f} → {r.b:.3f}" if r.kind == "change" else f"a {r.a:.3f}, b {r.b:.3f}"
         diff = "after − before" if r.kind == "change" else "b − a"
@@ -92,6 +102,8 @@ def _describe(r: Outcome) -> str:
         how = ""
         if r.method == "exact":
             how = f"; exact, {r.discordant[0]} vs {r.discordant[1]} discordant, McNemar p {r.p:.2g}"
+        elif r.exact_terms:
+            how = "; " + exact_terms_note(r)
         elif r.method == "stratified bootstrap":
             how = f"; {len([s for s in r.seeds if not s.get('dropped')])} runs, each resampled on its own"
         return (f"{title} {arrow}: {diff} {interval_text(r)} ({r.problems} problems{how}; expected "
@@ -131,12 +143,17 @@ def describe_premise(p: PremiseOutcome) -> str:
 
 
 def key_number(o: ClaimOutcome) -> str:
-    """The key test's name and number with its interval, e.g. ``GRPO pass@16, 3 seeds: +0.23 [+0.15, +0.31]``."""
+    """The key test's name and number with its interval, e.g. ``GRPO pass@16, 3 seeds: +0.23 [+0.15, +0.31]``; when
+    its own verdict is not the claim's (the failed premise of a gated claim), the line says which it is and its own
+    verdict (the key test bears out the claim's verdict: ``measure.decides``)."""
     r = o.key
     if r is None or r.estimate is None:
         return "–"
     what = r.name or r.label
-    return f"{what}: {interval_text(r)}"
+    if r.verdict == o.verdict or o.verdict == NOT_RUN:
+        return f"{what}: {interval_text(r)}"
+    role = "the claim's premise, which failed; its test" if any(p.outcome is r for p in o.premises) else "this test"
+    return f"{what}: {interval_text(r)} ({role}: {r.verdict})"
 
 
 def why(o: ClaimOutcome) -> str:
