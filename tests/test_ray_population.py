@@ -384,17 +384,15 @@ def test_evaluations_run_on_two_hf_actors_and_equal_the_one_process_tables(tmp_p
         return keep
 
     monkeypatch.setattr(ray_population, "factory", keeping)
-    training = {"on": False}
-    driver_generate = HFGenerator.generate
+    driver_calls = []
 
-    def driver_only_before_training(self, prompts, params):  # the driver process's HF generator (not the actors')
-        assert not training["on"], "the driver generated after the actors started: evaluations belong on the actors"
-        return driver_generate(self, prompts, params)
+    def never_on_the_driver(self, prompts, params):  # the driver process's HF generator (not the actors')
+        driver_calls.append(len(prompts))
+        raise AssertionError("the driver generated: every evaluation, the one before training too, belongs on the actors")
 
-    monkeypatch.setattr(HFGenerator, "generate", driver_only_before_training)
-    run = _run(_cfg(tmp_path / "ray", tiny_dir, 2, **EVALUATED, **{"model.dtype": dtype}), vowel_task,
-               callbacks=(lambda step, record: training.update(on=True),))
-    assert training["on"]
+    monkeypatch.setattr(HFGenerator, "generate", never_on_the_driver)
+    run = _run(_cfg(tmp_path / "ray", tiny_dir, 2, **EVALUATED, **{"model.dtype": dtype}), vowel_task)
+    assert driver_calls == []
     _assert_same_run(run, local)
     # the driver kept the record, not the weights: no parameter, master or ParamSet tensor with storage here
     population = made["population"]

@@ -39,14 +39,13 @@ Design decisions:
   actors' checksums. Cost: one model's memory in the driver (for SmolLM2-135M on CPU ~0.7 GB), and the
   catch-up at those points.
 - **Evaluation where the weights are (HF actors).** ``jobs.run_es`` makes the run's held-out generator an
-  ``ActorsOrDriver``, which the population is attached to once its actors are up: held-out evaluation after
-  training, probes and the centre's score (``es.eval_center_every``) run on the actors' unperturbed replicas
+  ``ActorsOrDriver``, which the population is attached to once its actors are up: held-out evaluation before
+  training (``engine.train`` calls ``jobs.measure_start`` once the population is up) and after it, probes and the centre's score (``es.eval_center_every``) run on the actors' unperturbed replicas
   (``Replica.generate``, under ``heldout.isolated`` as on the driver). ``evaluate`` hands an evaluation's
   generator calls to ``generate_many`` all at once; each call goes whole to the first free actor, with the
   batch and the per-call seed (``seeding.ids_seed`` of its problems' ids) it has in one process, so the
   tables are bit-identical to a one-process run's (tested: 2 actors, before/after tables, probes, centre).
-  The population then outlives ``engine.train`` and ``jobs.run_es`` closes it after ``finish_run``. The
-  evaluation before training still runs on the driver (the actors start inside ``engine.train``); vLLM
+  The population then outlives ``engine.train`` and ``jobs.run_es`` closes it after ``finish_run``. vLLM
   actors leave every evaluation to the driver's HF copy (their engines would give other samples).
 - **The driver's time is measured.** Each update's metrics record holds ``driver_seconds``: the wall time
   from the previous update's last fitness (the iteration's start for the first update of a process) to this
