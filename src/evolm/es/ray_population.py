@@ -19,7 +19,9 @@ Design decisions:
   result is a pure function of those keys and the replica's weights, so the run cannot depend on K or
   on which actor scored which member.
 - **Dynamic scheduling.** Every actor holds at most one member; ``ray.wait`` returns the first
-  finished one and that actor takes the next unscored member. Fitnesses are stored by member index.
+  finished one and that actor takes the next unscored member. Fitnesses are stored by member index. One
+  scheduler (``_schedule``: send to free actors, collect, replace the dead, resend their work) serves the
+  members (``score``) and an evaluation's generator calls (``generate_many``) alike.
 - **The driver keeps the record, the actors keep the weights (HF actors).** Once the actors are up and agree
   (checksums, actor 0's the reference), ``free_driver`` moves the driver's model, the ParamSet's tensors
   and its masters to the ``meta`` device (``jobs.run_es`` asks for it unless a probe function was handed in,
@@ -761,44 +763,62 @@ class RayPopulation:
                 "every node needs the same model files and the same torch/NumPy versions")
 
     # -- the population calls ------------------------------------------------------------------------
-    def score(self, iteration: int, layout: list[tuple[int, int]], sigma: float, examples, prompts, sampling,
-              on_member: Callable[[], None] | None = None):
+    def _schedule(self, items: int, send: Callable[[Any, int], Any], done: Callable[[int, int, Any], None],
+                  nobody: str) -> int:
+        """The one scheduler of ``score`` and ``generate_many``: work items ``0 .. items - 1``, each sent to the
+        first free actor (``send(handle, index)`` returns its future; every actor holds at most one), and
+        ``done(aid, index, result)`` as each returns, in the order they finish. An item whose actor died goes
+        back to the front of the queue (``_on_death`` starts a replacement, which takes items once it is up, as
+        does any actor still starting). ``nobody``: the ``DistributedError`` when no actor is left. Returns how
+        many items were sent again after their actor died."""
         ray = self.ray
-        batch = ray.put((examples, prompts, sampling))
-        out = MemberScores(fitness=[math.nan] * len(layout))
-        todo = deque(range(len(layout)))
+        todo = deque(range(items))
         busy: dict[Any, tuple[int, int]] = {}
         idle = deque(sorted(self._actors))
-        per_actor: dict[int, int] = {}
-        rescored = 0
-        self.first_member_at = None
+        again = 0
         while todo or busy:
             while idle and todo:
                 aid = idle.popleft()
                 if aid not in self._actors:
                     continue
-                member = todo.popleft()
-                direction, sign = layout[member]
-                busy[self._actors[aid].score.remote(iteration, direction, sign, sigma, batch)] = (aid, member)
-                if self.first_member_at is None:
-                    self.first_member_at = time.perf_counter()
+                index = todo.popleft()
+                busy[send(self._actors[aid], index)] = (aid, index)
             if not busy and not self._starting:
-                raise DistributedError("no Ray actor is left to score the population; continue with evolm es --resume RUN_DIR")
-            done, _ = ray.wait(list(busy) + list(self._starting), num_returns=1)
-            future = done[0]
+                raise DistributedError(f"{nobody}; continue with evolm es --resume RUN_DIR")
+            ready, _ = ray.wait(list(busy) + list(self._starting), num_returns=1)
+            future = ready[0]
             if future in self._starting:
                 aid = self._on_started(future)
                 if aid is not None:
                     idle.append(aid)
                 continue
-            aid, member = busy.pop(future)
+            aid, index = busy.pop(future)
             try:
                 result = ray.get(future)
             except self._died as e:
                 self._on_death(aid, self._actors.get(aid), e)
-                todo.appendleft(member)
-                rescored += 1
+                todo.appendleft(index)
+                again += 1
                 continue
+            done(aid, index, result)
+            idle.append(aid)
+        return again
+
+    def score(self, iteration: int, layout: list[tuple[int, int]], sigma: float, examples, prompts, sampling,
+              on_member: Callable[[], None] | None = None):
+        batch = self.ray.put((examples, prompts, sampling))
+        out = MemberScores(fitness=[math.nan] * len(layout))
+        per_actor: dict[int, int] = {}
+        self.first_member_at = None
+
+        def send(handle, member: int):
+            direction, sign = layout[member]
+            future = handle.score.remote(iteration, direction, sign, sigma, batch)
+            if self.first_member_at is None:
+                self.first_member_at = time.perf_counter()
+            return future
+
+        def scored(aid: int, member: int, result: dict) -> None:
             out.fitness[member] = result["fitness"]
             if result["error"]:
                 out.errors[member] = result["error"]
@@ -809,10 +829,11 @@ class RayPopulation:
             out.gen_sequences += result["gen_sequences"]
             out.gen_tokens += result["gen_tokens"]
             per_actor[aid] = per_actor.get(aid, 0) + 1
-            idle.append(aid)
             self.last_fitness_at = time.perf_counter()
             if on_member:
                 on_member()
+
+        rescored = self._schedule(len(layout), send, scored, "no Ray actor is left to score the population")
         out.extra = {"ray_actors": len(self._actors), "ray_restarts": self.restarts, "ray_rescored": rescored,
                      "ray_replayed": self.replayed, "ray_copied": self.copied,
                      "ray_members": {str(a): n for a, n in sorted(per_actor.items())},
@@ -913,36 +934,9 @@ class RayPopulation:
         """Run generator ``calls`` ``[(prompts, sampling), ...]`` on the actors, each whole on one actor (its
         batch and seed as in one process, so the same completions bit for bit), the next call to the first
         actor free; ``done(index, completions)`` as each returns. A call whose actor dies goes to another."""
-        ray = self.ray
         self._settle_starting()
-        todo = deque(range(len(calls)))
-        busy: dict[Any, tuple[int, int]] = {}
-        idle = deque(sorted(self._actors))
-        while todo or busy:
-            while idle and todo:
-                aid = idle.popleft()
-                if aid not in self._actors:
-                    continue
-                index = todo.popleft()
-                busy[self._actors[aid].generate.remote(*calls[index])] = (aid, index)
-            if not busy and not self._starting:
-                raise DistributedError("no Ray actor is left to evaluate; continue with evolm es --resume RUN_DIR")
-            ready, _ = ray.wait(list(busy) + list(self._starting), num_returns=1)
-            future = ready[0]
-            if future in self._starting:
-                aid = self._on_started(future)
-                if aid is not None:
-                    idle.append(aid)
-                continue
-            aid, index = busy.pop(future)
-            try:
-                result = ray.get(future)
-            except self._died as e:
-                self._on_death(aid, self._actors.get(aid), e)
-                todo.appendleft(index)
-                continue
-            done(index, result)
-            idle.append(aid)
+        self._schedule(len(calls), lambda handle, index: handle.generate.remote(*calls[index]),
+                       lambda aid, index, result: done(index, result), "no Ray actor is left to evaluate")
 
     def apply_update(self, iteration: int, update):
         """Apply ``update`` on every replica and queue it for the driver's copy (``sync``); returns it, or it
