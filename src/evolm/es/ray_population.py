@@ -73,8 +73,9 @@ Design decisions:
 - **vLLM actors** (``generation.backend = "vllm"``, ``backends.actors_generate``). Each actor starts
   its own engine from its HF copy and ``build_paramset`` wraps the ParamSet into it
   (``EngineParamSet``), so a member is perturbed inside the engine that generates it, exactly as in a
-  single-process vLLM run; the checksums the actor reports are computed inside the engine's worker on
-  the engine's own tensors (``EngineParamSet.engine_checksums``), not on the actor's HF mirror. The
+  single-process vLLM run; once the engine is up (and any replay done) the actor drops its HF copy to
+  ``meta`` (``VLLMGenerator.release_hf_copy``; it would only queue updates from then on). The checksums
+  the actor reports are computed inside the engine's worker on the engine's own tensors (``EngineParamSet.engine_checksums``), not on the actor's HF mirror. The
   driver starts no engine (``backends.make_generators``): its HF copy (brought up to date by ``sync``) runs
   held-out evaluation and probes (``generation.eval_backend = "hf"``; ``"same"`` is refused). On CUDA
   each engine takes the GPU(s) Ray reserves (``distributed.gpus``) and the driver's model stays on the
@@ -95,7 +96,7 @@ Design decisions:
   driver waits meanwhile, one piece in flight, which it also reads to learn the source is alive), so it
   replays nothing. A vLLM actor's replacement (or one with no live actor to copy) loads the same spec, or
   the newest checkpoint the driver wrote, and replays the updates applied since (the seed log's
-  coefficients and scales, kept in memory): vLLM actors still load twice (an HF copy, then the engine).
+  coefficients and scales, kept in memory).
   Either way it must report the other actors' checksums before it takes work; the records count
   ``ray_copied`` and ``ray_replayed`` (updates replayed by replacements). Before an update is sent, replacements still loading are waited for, so every
   live actor receives every update.
@@ -359,6 +360,9 @@ class Replica:
             for iteration, coefficients, scale in recipe.replay:
                 params.apply_update(iteration, coefficients, scale)
             generator.sync_weights()
+            release = getattr(generator, "release_hf_copy", None)  # vLLM: the engine holds the weights from here on
+            if release is not None:
+                release()
         except BaseException:
             generator.close()
             raise
@@ -373,7 +377,8 @@ class Replica:
         params = self.population.params
         return {"pid": os.getpid(), "host": socket.gethostname(), "node": _node_id(), "threads": self.threads,
                 "fused": self.fused, "checksum": weights_checksum(params), "seconds_start": self.seconds_start,
-                "peaks": params.peaks() if self.hf else None}
+                "peaks": params.peaks() if self.hf else None,
+                "hf_copy_bytes": sum(p.numel() * p.element_size() for p in self.model.parameters() if p.device.type != "meta")}
 
     def score(self, iteration: int, direction: int, sign: int, sigma: float, batch) -> dict:
         examples, prompts, sampling = batch
