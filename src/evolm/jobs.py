@@ -32,10 +32,11 @@ Design decisions:
   members are scored (``[evolm] parallelism: ...``) right after the run directory.
 - ``start_measurements`` takes the held-out evaluation before training and the step-0 probe, once
   (a resume that already logged them does not measure them again; a sweep can hand in a shared
-  ``eval_before``); with Ray actors (``distributed.workers >= 2``) ``run_es`` hands them to ``es.engine.train``
-  to take once the actors are up, so HF actors measure them as they measure everything after
-  (``measure_start``, bit-identical to one process); ``finish_run`` takes the final probe (unless logged), saves ``final/``, the
-  evaluation after training and the plots, and marks the run finished.
+  ``eval_before``); with Ray actors (``distributed.workers >= 2``) ``run_es`` hands them to
+  ``es.engine.train`` to take once the actors are up, so HF actors measure them as they measure
+  everything after (``measure_start``, bit-identical to one process); ``finish_run`` takes the final
+  probe (unless logged), saves ``final/``, the evaluation after training and the plots, and marks the
+  run finished.
 - ``marking_failures`` records how a run stopped: ``interrupted`` (Ctrl-C; SIGTERM, which the CLI
   turns into ``errors.Terminated``, a KeyboardInterrupt) or ``failed`` with the error, and the last
   step logged, so ``run.json`` never says ``running`` for a run that is not (also on a full disk:
