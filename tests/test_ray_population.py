@@ -384,17 +384,15 @@ def test_evaluations_run_on_two_hf_actors_and_equal_the_one_process_tables(tmp_p
         return keep
 
     monkeypatch.setattr(ray_population, "factory", keeping)
-    training = {"on": False}
-    driver_generate = HFGenerator.generate
+    driver_calls = []
 
-    def driver_only_before_training(self, prompts, params):  # the driver process's HF generator (not the actors')
-        assert not training["on"], "the driver generated after the actors started: evaluations belong on the actors"
-        return driver_generate(self, prompts, params)
+    def never_on_the_driver(self, prompts, params):  # the driver process's HF generator (not the actors')
+        driver_calls.append(len(prompts))
+        raise AssertionError("the driver generated: every evaluation, the one before training too, belongs on the actors")
 
-    monkeypatch.setattr(HFGenerator, "generate", driver_only_before_training)
-    run = _run(_cfg(tmp_path / "ray", tiny_dir, 2, **EVALUATED, **{"model.dtype": dtype}), vowel_task,
-               callbacks=(lambda step, record: training.update(on=True),))
-    assert training["on"]
+    monkeypatch.setattr(HFGenerator, "generate", never_on_the_driver)
+    run = _run(_cfg(tmp_path / "ray", tiny_dir, 2, **EVALUATED, **{"model.dtype": dtype}), vowel_task)
+    assert driver_calls == []
     _assert_same_run(run, local)
     # the driver kept the record, not the weights: no parameter, master or ParamSet tensor with storage here
     population = made["population"]
@@ -513,6 +511,7 @@ def test_the_driver_copy_waits_for_sync_and_is_checked_against_the_actors(tmp_pa
             assert population.apply_update(iteration, Update([1.0, -0.5, 0.25, 0.75], 1e-2, "applied")).applies
             assert reference.apply_update(iteration, [1.0, -0.5, 0.25, 0.75], 1e-2)
         assert params.deferred == 2 and weights_checksum(params) == base  # the driver's copy is untouched so far
+        population.confirm_update()  # the last update's answers (the driver did not wait for them)
         assert population._checksum == weights_checksum(reference) != base  # the actor's weights moved
         population.sync()
         assert params.deferred == 0 and all(torch.equal(a, b) for a, b in zip(params.tensors, reference.tensors))
@@ -522,6 +521,40 @@ def test_the_driver_copy_waits_for_sync_and_is_checked_against_the_actors(tmp_pa
         with pytest.raises(DistributedError, match=r"rebuilt from the seed log, differs from the Ray actors' \(first "
                                                    r"differing tensor: "):
             population.sync()
+    finally:
+        population.close()
+
+
+@pytest.mark.ray
+def test_the_driver_sends_an_update_without_waiting_and_waits_only_for_one_that_may_overflow(tmp_path, tiny_dir, tokenizer,
+                                                                                            ray_instance, vowel_task):
+    """An update the driver's bound proves finite (the actors' max |theta| at start plus every update's largest
+    step) is sent and the driver goes on at once (the next work queues behind it) and checks the answers later;
+    one the bound cannot prove is waited for, and refused by every replica alike when it would overflow."""
+    from conftest import make_tiny_model
+
+    from evolm.backends.base import SamplingParams
+    from evolm.es.engine import build_paramset
+    from evolm.es.ray_population import RayPopulation, weights_checksum
+    from evolm.es.update import Update
+
+    cfg = _cfg(tmp_path, tiny_dir, 2)
+    params = build_paramset(make_tiny_model(tokenizer), cfg)
+    reference = build_paramset(make_tiny_model(tokenizer), cfg)
+    population = RayPopulation(cfg, params, type("NoEngine", (), {"sync_weights": lambda self: None})(), vowel_task,
+                               spec=str(tiny_dir), say=lambda *a: None)
+    try:
+        assert population.apply_update(0, Update([1.0, -0.5], 1e-2, "applied")).applies
+        assert reference.apply_update(0, [1.0, -0.5], 1e-2)
+        assert population._pending is not None  # sent, its answers not awaited
+        population.generate(["Say a"], SamplingParams(n=1, max_new_tokens=2, temperature=0.0, seed=1))  # confirms it
+        assert population._pending is None and population._checksum == weights_checksum(reference)
+        assert population.update_seconds is not None and population.update_seconds > 0
+        huge = population.apply_update(1, Update([1.0], 1e39, "applied"))  # overflows float32: refused by all
+        assert not huge.applies and huge.status != "applied" and population._pending is None
+        assert population._checksum == weights_checksum(reference)  # nothing moved
+        population.sync()
+        assert all(torch.equal(a, b) for a, b in zip(params.tensors, reference.tensors))
     finally:
         population.close()
 

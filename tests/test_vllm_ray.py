@@ -82,12 +82,22 @@ def runs(tmp_path_factory):
         known = {p.pid for p in engines}
         engines.extend(p for p in _engine_processes() if p.pid not in known)
 
+    from evolm.es import ray_population
+
+    factory, made = ray_population.factory, []
+
+    def keeping(comps, run, **kw):  # the population, to read what its actors reported once they were up
+        make = factory(comps, run, **kw)
+        return lambda *a: made.append(make(*a)) or made[-1]
+
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(vllm_backend.VLLMGenerator, "__init__", no_driver_engine)  # the actors' processes are not patched
+        mp.setattr(ray_population, "factory", keeping)
         t0 = time.perf_counter()
         out["ray"] = run_es(_cfg(root, "ray", "vllm", 2), task=task, quiet=True, callbacks=(seen,))
         seconds["ray"] = time.perf_counter() - t0
-    for name, run in out.items():  # with -s: the figures docs/vllm.md quotes
+    out["actors"] = [dict(info) for info in made[0]._info.values()]
+    for name, run in ((k, v) for k, v in out.items() if k != "actors"):  # with -s: the figures docs/vllm.md quotes
         per_update = [round(r["seconds"], 1) for r in _train(run)]
         print(f"\n[vllm-ray] {name}: {seconds[name]:.0f} s in all (start-up included), seconds per update {per_update}")
     return out, engines
@@ -151,3 +161,11 @@ def test_both_actors_scored_on_their_own_engines_and_released_them(runs):
     while any(p.is_running() for p in engines) and time.time() < deadline:
         time.sleep(0.5)
     assert not any(p.is_running() for p in engines), "an actor's vLLM engine outlived the run"
+
+
+def test_each_actor_drops_its_hf_copy_once_its_engine_holds_the_weights(runs):
+    """An actor loads an HF copy to start its engine from, then drops it to ``meta``: the engine's weights are
+    the only ones it holds while it scores (bit-identical runs: the tests above)."""
+    (out, _) = runs
+    assert len(out["actors"]) == 2
+    assert all(info["hf_copy_bytes"] == 0 for info in out["actors"]), out["actors"]

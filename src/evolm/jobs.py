@@ -32,8 +32,11 @@ Design decisions:
   members are scored (``[evolm] parallelism: ...``) right after the run directory.
 - ``start_measurements`` takes the held-out evaluation before training and the step-0 probe, once
   (a resume that already logged them does not measure them again; a sweep can hand in a shared
-  ``eval_before``); ``finish_run`` takes the final probe (unless logged), saves ``final/``, the
-  evaluation after training and the plots, and marks the run finished.
+  ``eval_before``); with Ray actors (``distributed.workers >= 2``) ``run_es`` hands them to
+  ``es.engine.train`` to take once the actors are up, so HF actors measure them as they measure
+  everything after (``measure_start``, bit-identical to one process); ``finish_run`` takes the final
+  probe (unless logged), saves ``final/``, the evaluation after training and the plots, and marks the
+  run finished.
 - ``marking_failures`` records how a run stopped: ``interrupted`` (Ctrl-C; SIGTERM, which the CLI
   turns into ``errors.Terminated``, a KeyboardInterrupt) or ``failed`` with the error, and the last
   step logged, so ``run.json`` never says ``running`` for a run that is not (also on a full disk:
@@ -54,6 +57,7 @@ Design decisions:
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -408,8 +412,19 @@ def tracking(cfg, run: RunDir, kind: str, start: Start | None = None, *, once: b
 def start_measurements(cfg, comps: Components, run: RunDir, start: Start, method: str, *, probe: Callable | None = None,
                        eval_before: dict | None = None, say: Say = print) -> Callable | None:
     """The held-out evaluation before training and the step-0 probe (each once); returns the probe."""
-    if probe is None:
-        probe = make_probe(cfg, comps.tokenizer, comps.heldout, comps.task)
+    probe = run_probe(cfg, comps, probe)
+    measure_start(cfg, comps, run, start, method, probe=probe, eval_before=eval_before, say=say)
+    return probe
+
+
+def run_probe(cfg, comps: Components, probe: Callable | None) -> Callable | None:
+    """The probe a run logs: the one handed in, else ``heldout.make_probe`` from ``[probe]`` (None: no probe)."""
+    return probe if probe is not None else make_probe(cfg, comps.tokenizer, comps.heldout, comps.task)
+
+
+def measure_start(cfg, comps: Components, run: RunDir, start: Start, method: str, *, probe: Callable | None,
+                  eval_before: dict | None = None, say: Say = print) -> None:
+    """``start_measurements`` with the probe made: what ``run_es`` measures once its Ray actors are up."""
     logged = {(r.get("kind"), r.get("step")) for r in run.metrics()}
     if cfg.eval.before_after and start.step == 0 and ("eval", 0) not in logged:
         if eval_before is not None:  # measured on the same starting weights elsewhere (a sweep's first point)
@@ -420,7 +435,6 @@ def start_measurements(cfg, comps: Components, run: RunDir, start: Start, method
             heldout_eval(cfg, comps.model, comps.tokenizer, comps.heldout, comps.task, run, label="before", step=0, say=say)
     if probe is not None and start.step == 0 and ("probe", 0) not in logged:
         run.log_metrics(probe_record(probe, comps.model, 0, method))
-    return probe
 
 
 def finish_run(cfg, comps: Components, run: RunDir, method: str, result: TrainResult, *,
@@ -501,15 +515,20 @@ def run_es(cfg, resume=None, *, model=None, tokenizer=None, task: Task | None = 
                 say(f"[evolm] {note}")
         frees_driver = probe is None  # a probe handed in may read the driver's model: the driver keeps it
         with marking_failures(run), tracking(cfg, run, es_engine.METHOD, start):
-            probe = start_measurements(cfg, comps, run, start, es_engine.METHOD, probe=probe, eval_before=eval_before, say=say)
-            factory = population_factory
-            if evaluator is not None:  # K Ray actors (evolm.es.ray_population): they need the model's source
+            factory, measure = population_factory, None
+            if evaluator is None:
+                probe = start_measurements(cfg, comps, run, start, es_engine.METHOD, probe=probe, eval_before=eval_before,
+                                           say=say)
+            else:  # K Ray actors (evolm.es.ray_population): they need the model's source, and they measure the start
+                probe = run_probe(cfg, comps, probe)
                 factory = ray_population.factory(comps, run, checkpoint=start.checkpoint, header=header,
                                                  injected=model is not None, placement=placement, evaluator=evaluator,
                                                  free=frees_driver, say=say)
+                measure = functools.partial(measure_start, cfg, comps, run, start, es_engine.METHOD, probe=probe,
+                                            eval_before=eval_before, say=say)
             try:
                 result = es_engine.train(cfg, comps, run, start, params, probe=probe, callbacks=callbacks, say=say,
-                                         quiet=quiet, population_factory=factory)
+                                         quiet=quiet, population_factory=factory, on_population=measure)
                 finish_run(cfg, comps, run, es_engine.METHOD, result, probe=probe, say=say)
             finally:
                 if evaluator is not None and evaluator.population is not None:  # it evaluated after training

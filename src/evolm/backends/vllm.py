@@ -295,6 +295,19 @@ class VLLMGenerator(Generator):
     def _watched(self) -> list[torch.Tensor]:
         return list(_hf_parameters(self.model).values()) + self._driver_masters()
 
+    def release_hf_copy(self) -> None:
+        """Move the HF model's weights to the ``meta`` device once the engine holds them (a Ray actor, whose HF
+        copy is read only to start the engine: the mapping check, a checkpoint's push, the masters; afterwards
+        updates are only queued on it, ``EngineParamSet.apply_update``): the ParamSet keeps names and shapes,
+        ``sync_weights`` has nothing to push, and ``catch_up`` can no longer be called (nothing here reads the
+        weights back)."""
+        self.model.to("meta")
+        if self._paramset is not None:
+            local = self._paramset.local
+            named = dict(self.model.named_parameters(remove_duplicate=False))
+            local.tensors = [named[n].data for n in local.names]
+        self._synced = _signature(self._watched())
+
     # -- Generator ------------------------------------------------------------------------------------
     def sync_weights(self) -> None:
         """Push the driver model's weights to the engine if they changed outside ES since the last push."""

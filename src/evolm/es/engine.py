@@ -317,7 +317,7 @@ def float32_copy(model, params: ParamSet):
 
 def train(cfg, comps, run: RunDir, start, params: ParamSet, *, probe: Callable | None = None,
           callbacks: tuple[Callable, ...] = (), say: Say = print, quiet: bool = False,
-          population_factory: Callable | None = None) -> TrainResult:
+          population_factory: Callable | None = None, on_population: Callable[[], None] | None = None) -> TrainResult:
     """Run ES updates ``start.step`` .. ``es.iterations`` on ``comps`` (a ``jobs.Components``), stopping
     earlier once a ``run.match`` budget of sequences, tokens or seconds (``run.budget``) is spent.
 
@@ -325,7 +325,9 @@ def train(cfg, comps, run: RunDir, start, params: ParamSet, *, probe: Callable |
     and masters are loaded first. ``probe(model, step) -> dict`` is logged every ``probe.every``
     updates; ``callbacks`` are called as ``cb(step, record)`` after every update.
     ``population_factory(cfg, params, generator, task)``: who scores the members (default
-    ``make_population``, this process; ``jobs.run_es`` passes the Ray population's).
+    ``make_population``, this process; ``jobs.run_es`` passes the Ray population's). ``on_population()`` is
+    called once the population is up, before the first update (``jobs.run_es``: the measurements before
+    training, which Ray actors take).
     """
     model, tokenizer, task, generator = comps.model, comps.tokenizer, comps.task, comps.generator
     es = cfg.es
@@ -359,10 +361,12 @@ def train(cfg, comps, run: RunDir, start, params: ParamSet, *, probe: Callable |
 
     sampling_base = dict(n=1, temperature=cfg.generation.temperature, top_p=cfg.generation.top_p,
                          max_new_tokens=cfg.generation.max_new_tokens)
-    bar = progress_bar(es.iterations * len(layout), "ES", unit="member", initial=start.step * len(layout),
-                       enabled=not quiet and cfg.run.progress)
-    step = start.step
+    step, bar = start.step, None
     try:
+        if on_population is not None:
+            on_population()
+        bar = progress_bar(es.iterations * len(layout), "ES", unit="member", initial=start.step * len(layout),
+                           enabled=not quiet and cfg.run.progress)
         for iteration in range(start.step, es.iterations):
             if budget_reached(cfg.run, totals, step):  # run.match / run.budget: spent before the update cap
                 break

@@ -97,6 +97,13 @@ def _bitwise_mismatches(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return where
 
 
+def within_bounds(peaks: list[float], step: float, limits: list[float]) -> bool:
+    """Whether an update that moves no weight by more than ``step`` provably keeps every weight finite: each
+    tensor's ``max |theta|`` (``peaks``, or an upper bound of it) plus ``step`` at most its limit
+    (``ParamSet.finite_limits``). False for a NaN or inf anywhere."""
+    return all(p + step <= limit for p, limit in zip(peaks, limits))
+
+
 class ParamSet:
     """Perturb / restore / apply-update on a model's selected parameters (the engine's only model calls)."""
 
@@ -350,15 +357,25 @@ class ParamSet:
 
     def _provably_finite(self, coefficients: list[float], scale: float) -> bool:
         """Whether ``max |theta| + |scale| * sum |c| * max |eps|`` stays below half of every finite range involved."""
-        step = abs(scale) * sum(abs(c) for c in coefficients) * self.noise.max_abs()
-        peaks, limits = [], []
+        return within_bounds(self.peaks(), self.update_bound(coefficients, scale), self.finite_limits())
+
+    def update_bound(self, coefficients, scale: float) -> float:
+        """The most an update can move any selected weight: ``|scale| * sum_d |c_d| * max |eps|`` (NaN or inf
+        for a non-finite update)."""
+        return abs(float(scale)) * sum(abs(float(c)) for c in coefficients) * self.noise.max_abs()
+
+    @torch.no_grad()
+    def peaks(self) -> list[float]:
+        """``max |theta|`` per selected tensor (of its float32 master when kept): one read of the weights."""
+        peaks = []
         for k, live in enumerate(self.tensors):
-            target = self.masters[k] if self.masters is not None else live
-            lo, hi = torch.aminmax(target.detach())
+            lo, hi = torch.aminmax((self.masters[k] if self.masters is not None else live).detach())
             peaks.append(torch.maximum(-lo, hi).float())
-            limits.append(0.5 * min(torch.finfo(torch.float32).max, torch.finfo(live.dtype).max))
-        peaks = torch.stack(peaks).tolist()  # one device transfer for all tensors
-        return all(p + step <= limit for p, limit in zip(peaks, limits))  # also False for NaN
+        return torch.stack(peaks).tolist()  # one device transfer for all tensors
+
+    def finite_limits(self) -> list[float]:
+        """Per selected tensor, half the largest finite value of float32 and of its own dtype (``within_bounds``)."""
+        return [0.5 * min(torch.finfo(torch.float32).max, torch.finfo(t.dtype).max) for t in self.tensors]
 
     def _add_update(self, iteration: int, coefficients: list[float], scale: float, write: bool) -> bool:
         """Add the update (``write``), or only check that every new value would be finite (returns False if not)."""

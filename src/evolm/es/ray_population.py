@@ -19,7 +19,9 @@ Design decisions:
   result is a pure function of those keys and the replica's weights, so the run cannot depend on K or
   on which actor scored which member.
 - **Dynamic scheduling.** Every actor holds at most one member; ``ray.wait`` returns the first
-  finished one and that actor takes the next unscored member. Fitnesses are stored by member index.
+  finished one and that actor takes the next unscored member. Fitnesses are stored by member index. One
+  scheduler (``_schedule``: send to free actors, collect, replace the dead, resend their work) serves the
+  members (``score``) and an evaluation's generator calls (``generate_many``) alike.
 - **The driver keeps the record, the actors keep the weights (HF actors).** Once the actors are up and agree
   (checksums, actor 0's the reference), ``free_driver`` moves the driver's model, the ParamSet's tensors
   and its masters to the ``meta`` device (``jobs.run_es`` asks for it unless a probe function was handed in,
@@ -39,19 +41,27 @@ Design decisions:
   actors' checksums. Cost: one model's memory in the driver (for SmolLM2-135M on CPU ~0.7 GB), and the
   catch-up at those points.
 - **Evaluation where the weights are (HF actors).** ``jobs.run_es`` makes the run's held-out generator an
-  ``ActorsOrDriver``, which the population is attached to once its actors are up: held-out evaluation after
-  training, probes and the centre's score (``es.eval_center_every``) run on the actors' unperturbed replicas
+  ``ActorsOrDriver``, which the population is attached to once its actors are up: held-out evaluation before
+  training (``engine.train`` calls ``jobs.measure_start`` once the population is up) and after it, probes and the centre's score (``es.eval_center_every``) run on the actors' unperturbed replicas
   (``Replica.generate``, under ``heldout.isolated`` as on the driver). ``evaluate`` hands an evaluation's
   generator calls to ``generate_many`` all at once; each call goes whole to the first free actor, with the
   batch and the per-call seed (``seeding.ids_seed`` of its problems' ids) it has in one process, so the
   tables are bit-identical to a one-process run's (tested: 2 actors, before/after tables, probes, centre).
-  The population then outlives ``engine.train`` and ``jobs.run_es`` closes it after ``finish_run``. The
-  evaluation before training still runs on the driver (the actors start inside ``engine.train``); vLLM
+  The population then outlives ``engine.train`` and ``jobs.run_es`` closes it after ``finish_run``. vLLM
   actors leave every evaluation to the driver's HF copy (their engines would give other samples).
 - **The driver's time is measured.** Each update's metrics record holds ``driver_seconds``: the wall time
   from the previous update's last fitness (the iteration's start for the first update of a process) to this
   update's first member being sent, i.e. everything the actors wait on the driver for: the update's
-  arithmetic, sending it and waiting for the actors' checksums, logging, probes and checkpoints between.
+  arithmetic, sending it, logging, probes and checkpoints between.
+- **The driver does not wait for an update it can prove finite (HF actors).** It keeps an upper bound of
+  every selected tensor's ``max |theta|`` (the first actor's ``peaks`` at start, plus each applied update's
+  ``ParamSet.update_bound``); when ``params.within_bounds`` proves the update cannot make a weight non-finite
+  (the same test each replica makes before it writes), the update is sent and counted applied, and the next
+  members are sent behind it at once (Ray runs one caller's calls to an actor in order); the actors'
+  answers (applied, checksums) are checked by ``confirm_update`` as soon as that work is out (``_schedule``),
+  and before any save or ``sync``. An update the bound cannot prove (near overflow; every update with vLLM
+  actors) is waited for as before. ``ray_update_seconds`` in the next record is the slowest actor's time
+  applying and checksumming it: actor time, the same work as in one process.
 - **Replicas stay bit-identical, checked on their device.** After loading and after every applied update
   each actor returns ``checksum.tensor_checksum`` per selected tensor (the float32 masters first when
   generation runs in lower precision, then the weights generation reads): an integer reduction of the
@@ -63,8 +73,9 @@ Design decisions:
 - **vLLM actors** (``generation.backend = "vllm"``, ``backends.actors_generate``). Each actor starts
   its own engine from its HF copy and ``build_paramset`` wraps the ParamSet into it
   (``EngineParamSet``), so a member is perturbed inside the engine that generates it, exactly as in a
-  single-process vLLM run; the checksums the actor reports are computed inside the engine's worker on
-  the engine's own tensors (``EngineParamSet.engine_checksums``), not on the actor's HF mirror. The
+  single-process vLLM run; once the engine is up (and any replay done) the actor drops its HF copy to
+  ``meta`` (``VLLMGenerator.release_hf_copy``; it would only queue updates from then on). The checksums
+  the actor reports are computed inside the engine's worker on the engine's own tensors (``EngineParamSet.engine_checksums``), not on the actor's HF mirror. The
   driver starts no engine (``backends.make_generators``): its HF copy (brought up to date by ``sync``) runs
   held-out evaluation and probes (``generation.eval_backend = "hf"``; ``"same"`` is refused). On CUDA
   each engine takes the GPU(s) Ray reserves (``distributed.gpus``) and the driver's model stays on the
@@ -85,7 +96,7 @@ Design decisions:
   driver waits meanwhile, one piece in flight, which it also reads to learn the source is alive), so it
   replays nothing. A vLLM actor's replacement (or one with no live actor to copy) loads the same spec, or
   the newest checkpoint the driver wrote, and replays the updates applied since (the seed log's
-  coefficients and scales, kept in memory): vLLM actors still load twice (an HF copy, then the engine).
+  coefficients and scales, kept in memory).
   Either way it must report the other actors' checksums before it takes work; the records count
   ``ray_copied`` and ``ray_replayed`` (updates replayed by replacements). Before an update is sent, replacements still loading are waited for, so every
   live actor receives every update.
@@ -143,6 +154,7 @@ from evolm.errors import UserError
 from evolm.es import fused
 from evolm.checksum import tensor_checksum
 from evolm.es.engine import load_masters, save_masters, build_paramset, float32_model
+from evolm.es.params import within_bounds
 from evolm.es.population import NON_FINITE_WEIGHTS, LocalPopulation, MemberScores
 from evolm.es.update import Update
 from evolm.runs import load_weights, write_model_weights
@@ -348,17 +360,25 @@ class Replica:
             for iteration, coefficients, scale in recipe.replay:
                 params.apply_update(iteration, coefficients, scale)
             generator.sync_weights()
+            release = getattr(generator, "release_hf_copy", None)  # vLLM: the engine holds the weights from here on
+            if release is not None:
+                release()
         except BaseException:
             generator.close()
             raise
         self.population = LocalPopulation(params, generator, recipe.task)
+        self.hf = g.backend == "hf"
         self.fused = cfg.model.device == "cpu" and fused.kernel() is not None
         self.seconds_start = time.perf_counter() - t0
 
     def ready(self) -> dict:
+        """Who the actor is, its checksums and, for an HF replica, ``max |theta|`` per selected tensor (``peaks``:
+        the driver bounds later updates with it)."""
+        params = self.population.params
         return {"pid": os.getpid(), "host": socket.gethostname(), "node": _node_id(), "threads": self.threads,
-                "fused": self.fused,
-                "checksum": weights_checksum(self.population.params), "seconds_start": self.seconds_start}
+                "fused": self.fused, "checksum": weights_checksum(params), "seconds_start": self.seconds_start,
+                "peaks": params.peaks() if self.hf else None,
+                "hf_copy_bytes": sum(p.numel() * p.element_size() for p in self.model.parameters() if p.device.type != "meta")}
 
     def score(self, iteration: int, direction: int, sign: int, sigma: float, batch) -> dict:
         examples, prompts, sampling = batch
@@ -367,9 +387,12 @@ class Replica:
                 "gen_sequences": s.gen_sequences, "gen_tokens": s.gen_tokens}
 
     def apply_update(self, iteration: int, coefficients: list[float], scale: float) -> dict:
-        """Apply the update to this replica; whether the weights took it (non-finite: refused) and the checksums."""
+        """Apply the update to this replica; whether the weights took it (non-finite: refused), the checksums,
+        and the seconds both took here."""
+        t0 = time.perf_counter()
         done = self.population.apply_update(iteration, Update(coefficients, scale, "applied"))
-        return {"applied": done.applies, "checksum": weights_checksum(self.population.params)}
+        return {"applied": done.applies, "checksum": weights_checksum(self.population.params),
+                "seconds": time.perf_counter() - t0}
 
     def piece(self, kind: str, name: str, start: int, stop: int) -> torch.Tensor:
         """Elements ``start:stop`` of one stored tensor, flattened, on the CPU: ``kind`` "weights" (what a save
@@ -623,6 +646,13 @@ class RayPopulation:
         self._recipe = ReplicaRecipe(cfg=cfg, spec=spec, checkpoint=checkpoint, header=header, task=task,
                                      threads=0 if placement.auto else threads, fused=uses_fused)
         self._replay: list[tuple[int, list[float], float]] = []
+        self._peaks: list[float] | None = None
+        """HF actors: an upper bound of ``max |theta|`` per selected tensor (``apply_update``)."""
+        self._limits = params.finite_limits() if self._evaluates else []
+        self._pending: tuple[int, dict] | None = None
+        """An update sent without waiting for its answers (``apply_update``), checked by ``confirm_update``."""
+        self.update_seconds: float | None = None
+        """The slowest actor's seconds applying (and checksumming) the last update whose answers came back."""
         self._checksum = weights_checksum(params)
         self._restarts_left = dist.max_restarts
         self.remote = False
@@ -715,6 +745,8 @@ class RayPopulation:
             return None
         self._info[aid] = info
         self._check(aid, info["checksum"], expected, "after loading")
+        if self._peaks is None and self._evaluates and info.get("peaks") is not None:  # the first actor up
+            self._peaks = [float(p) for p in info["peaks"]]
         self._actors[aid] = handle
         return aid
 
@@ -762,44 +794,64 @@ class RayPopulation:
                 "every node needs the same model files and the same torch/NumPy versions")
 
     # -- the population calls ------------------------------------------------------------------------
-    def score(self, iteration: int, layout: list[tuple[int, int]], sigma: float, examples, prompts, sampling,
-              on_member: Callable[[], None] | None = None):
+    def _schedule(self, items: int, send: Callable[[Any, int], Any], done: Callable[[int, int, Any], None],
+                  nobody: str) -> int:
+        """The one scheduler of ``score`` and ``generate_many``: work items ``0 .. items - 1``, each sent to the
+        first free actor (``send(handle, index)`` returns its future; every actor holds at most one), and
+        ``done(aid, index, result)`` as each returns, in the order they finish. An item whose actor died goes
+        back to the front of the queue (``_on_death`` starts a replacement, which takes items once it is up, as
+        does any actor still starting). ``nobody``: the ``DistributedError`` when no actor is left. Returns how
+        many items were sent again after their actor died."""
         ray = self.ray
-        batch = ray.put((examples, prompts, sampling))
-        out = MemberScores(fitness=[math.nan] * len(layout))
-        todo = deque(range(len(layout)))
+        todo = deque(range(items))
         busy: dict[Any, tuple[int, int]] = {}
         idle = deque(sorted(self._actors))
-        per_actor: dict[int, int] = {}
-        rescored = 0
-        self.first_member_at = None
+        again = 0
         while todo or busy:
             while idle and todo:
                 aid = idle.popleft()
                 if aid not in self._actors:
                     continue
-                member = todo.popleft()
-                direction, sign = layout[member]
-                busy[self._actors[aid].score.remote(iteration, direction, sign, sigma, batch)] = (aid, member)
-                if self.first_member_at is None:
-                    self.first_member_at = time.perf_counter()
+                index = todo.popleft()
+                busy[send(self._actors[aid], index)] = (aid, index)
+            self.confirm_update()  # the update sent before this work, checked while the work waits behind it
             if not busy and not self._starting:
-                raise DistributedError("no Ray actor is left to score the population; continue with evolm es --resume RUN_DIR")
-            done, _ = ray.wait(list(busy) + list(self._starting), num_returns=1)
-            future = done[0]
+                raise DistributedError(f"{nobody}; continue with evolm es --resume RUN_DIR")
+            ready, _ = ray.wait(list(busy) + list(self._starting), num_returns=1)
+            future = ready[0]
             if future in self._starting:
                 aid = self._on_started(future)
                 if aid is not None:
                     idle.append(aid)
                 continue
-            aid, member = busy.pop(future)
+            aid, index = busy.pop(future)
             try:
                 result = ray.get(future)
             except self._died as e:
-                self._on_death(aid, self._actors.get(aid), e)
-                todo.appendleft(member)
-                rescored += 1
+                if aid in self._actors:  # else its death was met already (the update sent before this work)
+                    self._on_death(aid, self._actors[aid], e)
+                todo.appendleft(index)
+                again += 1
                 continue
+            done(aid, index, result)
+            idle.append(aid)
+        return again
+
+    def score(self, iteration: int, layout: list[tuple[int, int]], sigma: float, examples, prompts, sampling,
+              on_member: Callable[[], None] | None = None):
+        batch = self.ray.put((examples, prompts, sampling))
+        out = MemberScores(fitness=[math.nan] * len(layout))
+        per_actor: dict[int, int] = {}
+        self.first_member_at = None
+
+        def send(handle, member: int):
+            direction, sign = layout[member]
+            future = handle.score.remote(iteration, direction, sign, sigma, batch)
+            if self.first_member_at is None:
+                self.first_member_at = time.perf_counter()
+            return future
+
+        def scored(aid: int, member: int, result: dict) -> None:
             out.fitness[member] = result["fitness"]
             if result["error"]:
                 out.errors[member] = result["error"]
@@ -810,11 +862,13 @@ class RayPopulation:
             out.gen_sequences += result["gen_sequences"]
             out.gen_tokens += result["gen_tokens"]
             per_actor[aid] = per_actor.get(aid, 0) + 1
-            idle.append(aid)
             self.last_fitness_at = time.perf_counter()
             if on_member:
                 on_member()
+
+        rescored = self._schedule(len(layout), send, scored, "no Ray actor is left to score the population")
         out.extra = {"ray_actors": len(self._actors), "ray_restarts": self.restarts, "ray_rescored": rescored,
+                     "ray_update_seconds": self.update_seconds,
                      "ray_replayed": self.replayed, "ray_copied": self.copied,
                      "ray_members": {str(a): n for a, n in sorted(per_actor.items())},
                      "ray_nodes": len({self._info.get(a, {}).get("node") for a in self._actors}),
@@ -875,6 +929,7 @@ class RayPopulation:
         """One stored tensor (``Replica.piece``) from the live actor with the lowest id, ``PIECE_BYTES`` at a
         time (another actor takes over if it dies); refused (RuntimeError) if it holds inf or NaN, as
         ``runs.check_finite`` refuses a local save."""
+        self.confirm_update()
         numel = like.numel()
         step = max(1, PIECE_BYTES // max(4, like.element_size()))
         flat, start = None, 0
@@ -914,49 +969,59 @@ class RayPopulation:
         """Run generator ``calls`` ``[(prompts, sampling), ...]`` on the actors, each whole on one actor (its
         batch and seed as in one process, so the same completions bit for bit), the next call to the first
         actor free; ``done(index, completions)`` as each returns. A call whose actor dies goes to another."""
-        ray = self.ray
         self._settle_starting()
-        todo = deque(range(len(calls)))
-        busy: dict[Any, tuple[int, int]] = {}
-        idle = deque(sorted(self._actors))
-        while todo or busy:
-            while idle and todo:
-                aid = idle.popleft()
-                if aid not in self._actors:
-                    continue
-                index = todo.popleft()
-                busy[self._actors[aid].generate.remote(*calls[index])] = (aid, index)
-            if not busy and not self._starting:
-                raise DistributedError("no Ray actor is left to evaluate; continue with evolm es --resume RUN_DIR")
-            ready, _ = ray.wait(list(busy) + list(self._starting), num_returns=1)
-            future = ready[0]
-            if future in self._starting:
-                aid = self._on_started(future)
-                if aid is not None:
-                    idle.append(aid)
-                continue
-            aid, index = busy.pop(future)
-            try:
-                result = ray.get(future)
-            except self._died as e:
-                self._on_death(aid, self._actors.get(aid), e)
-                todo.appendleft(index)
-                continue
-            done(index, result)
-            idle.append(aid)
+        self._schedule(len(calls), lambda handle, index: handle.generate.remote(*calls[index]),
+                       lambda aid, index, result: done(index, result), "no Ray actor is left to evaluate")
 
     def apply_update(self, iteration: int, update):
         """Apply ``update`` on every replica and queue it for the driver's copy (``sync``); returns it, or it
         marked skipped when the weights refused it (non-finite: every replica refuses it alike).
 
-        The first actor's answer is the reference the others must match (checksums and whether the update
-        applied); with every actor lost during the update the driver catches up and is the reference."""
+        With HF actors the driver keeps an upper bound of every tensor's ``max |theta|`` (the actors' ``peaks`` at
+        start, plus each applied update's ``ParamSet.update_bound``); when the bound proves the update safe
+        (``params.within_bounds``, the test every replica makes before writing) it is sent and the driver goes
+        on: the next members queue behind it on each actor (Ray runs an actor's calls in the order they were
+        sent) and ``confirm_update`` checks the answers once that work is out. Otherwise (vLLM actors, an update
+        the bound cannot prove finite) the driver waits for the answers here. The first actor's answer is the reference the others must match
+        (checksums and whether the update applied); with every actor lost during the update the driver catches
+        up and is the reference."""
         if not update.applies:
             return update
+        self.confirm_update()
         self._settle_starting()  # every live actor must receive every update
         coefficients, scale = [float(c) for c in update.coefficients], float(update.scale)
+        step = self.params.update_bound(coefficients, scale)
+        sure = (self._peaks is not None and math.isfinite(scale) and all(math.isfinite(c) for c in coefficients)
+                and within_bounds(self._peaks, step, self._limits))
         futures = {handle.apply_update.remote(iteration, coefficients, scale): (aid, handle)
                    for aid, handle in self._actors.items()}
+        if sure:
+            self._took(iteration, coefficients, scale)
+            self._pending = (iteration, futures)
+        elif not self._settle(iteration, futures, coefficients, scale, queued=False):
+            return update.skipped(NON_FINITE_WEIGHTS)
+        if self._peaks is not None:  # still an upper bound: no weight moved by more than step
+            self._peaks = [p + step for p in self._peaks]
+        return update
+
+    def _took(self, iteration: int, coefficients: list[float], scale: float) -> None:
+        """An applied update: queued for the driver's copy (``sync``) while it holds one, and for replacements."""
+        if not self.remote:
+            self.params.defer_update(iteration, coefficients, scale)
+        self._replay.append((iteration, coefficients, scale))
+
+    def confirm_update(self) -> None:
+        """Check the answers to the update ``apply_update`` sent without waiting (nothing to do when none is
+        outstanding): the replicas must agree with the first one, which took it."""
+        if self._pending is not None:
+            (iteration, futures), self._pending = self._pending, None
+            self._settle(iteration, futures, [], 0.0, queued=True)
+
+    def _settle(self, iteration: int, futures: dict, coefficients: list[float], scale: float, *, queued: bool) -> bool:
+        """Collect every actor's answer to update ``iteration`` and check them against the first actor's, whose
+        checksums become the reference for later actors; actors that died meanwhile are replaced (they replay or
+        copy this update too). ``queued``: the update was already taken (``_took``: every actor was sure to
+        apply it). With every actor lost the driver's copy decides, if it holds one. Returns whether it applied."""
         answers, dead = [], []
         for future, (aid, handle) in futures.items():
             try:
@@ -970,27 +1035,33 @@ class RayPopulation:
                     raise DistributedError(f"Ray actor {aid} {'refused' if applied else 'applied'} update {iteration + 1} "
                                            f"and Ray actor {answers[0][0]} did not: the replicas differ")
                 self._check(aid, got["checksum"], reference, f"after update {iteration + 1}")
+            if queued and not applied:
+                raise DistributedError(f"Ray actor {answers[0][0]} refused update {iteration + 1} after it was sure to "
+                                       "apply it: the replica is broken")
+            self.update_seconds = max(float(got.get("seconds", 0.0)) for _, got in answers)
+            if applied and not queued:
+                self._took(iteration, coefficients, scale)
         elif self.remote:
             raise DistributedError(f"every Ray actor died during update {iteration + 1} and the driver holds no weights; "
                                    "continue the run with evolm es --resume RUN_DIR")
-        else:  # nobody answered: the driver's own copy decides
+        else:  # nobody answered: the driver's own copy decides (a queued update is in its queue)
             self.params.catch_up()
-            applied = self.params.apply_update(iteration, coefficients, scale)
+            applied = queued or self.params.apply_update(iteration, coefficients, scale)
             self.generator.sync_weights()
             reference = weights_checksum(self.params)
-        if applied:
-            if answers and not self.remote:
-                self.params.defer_update(iteration, coefficients, scale)
-            self._replay.append((iteration, coefficients, scale))
+            if applied and not queued:
+                self._replay.append((iteration, coefficients, scale))
         self._checksum = list(reference)
         for aid, handle, e in dead:
-            self._on_death(aid, handle, e)  # the replacement replays this update too
-        return update if applied else update.skipped(NON_FINITE_WEIGHTS)
+            if aid in self._actors:  # else met already
+                self._on_death(aid, handle, e)  # the replacement replays (or copies) this update too
+        return applied
 
     def sync(self) -> None:
         """Bring the driver's copy up to date (the queued updates, in order) before its weights are read,
         and check it against the replicas' checksums: a driver that replays differently stops the run. Nothing to
         do once the driver holds no weights (``free_driver``)."""
+        self.confirm_update()
         if self.remote or not self.params.catch_up():
             return
         self.generator.sync_weights()
