@@ -7,9 +7,9 @@ Design decisions:
 
 - Why: torch's CPU wheels run a float32 ``F.linear`` through MKL's sgemm, which on AMD CPUs takes its AVX2
   kernels; oneDNN runs AVX-512 there. On the 2-core AMD EPYC (Zen 5) this repository is developed on, at one
-  thread, oneDNN ran SmolLM2-135M's prefill and decode GEMMs 1.5-2.2x faster (``benchmarks/shared_prefix.py --knob cpu_matmul``,
-  docs/benchmarks.md); the issue that asked for a faster peer figure had read MKL's ~63 GFLOPS as the core's
-  peak. On a CPU where MKL is the faster one, ``generation.cpu_matmul = "torch"`` keeps torch's path.
+  thread, oneDNN ran SmolLM2-135M's prefill GEMMs 1.9-2.0x and its decode GEMMs 1.1-2.3x faster, and an ES
+  iteration on Qiu et al.'s Countdown prompts 1.51x (``benchmarks/shared_prefix.py --knob cpu_matmul``,
+  docs/benchmarks.md); the issue that asked for a faster peer figure had read MKL's rate as the core's peak. On a CPU where MKL is the faster one, ``generation.cpu_matmul = "torch"`` keeps torch's path.
 - Only with autograd off (generation, evaluation, ES members); with gradients on (GRPO's loss) a layer runs
   ``F.linear`` as before. Only float32 weights on the CPU: bfloat16 already goes through oneDNN, CUDA
   through cuBLAS, quantised weights through their own kernels.
