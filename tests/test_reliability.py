@@ -484,7 +484,10 @@ def test_config_changes_compare_field_by_field_with_defaults_for_missing_ones():
     assert config.config_changes(old, cfg) == {"es.sigma": {"old": 0.001, "new": 0.002},
                                                "task.params.digits": {"old": None, "new": 3},
                                                # es.noise became "auto" (counter); a config.toml without it ran the table
-                                               "es.noise": {"old": "table", "new": "counter"}}
+                                               "es.noise": {"old": "table", "new": "counter"},
+                                               # generation.cpu_matmul became "auto" (oneDNN here); without it: torch's
+                                               "generation.cpu_matmul": {"old": "torch", "new": cfg.generation.cpu_matmul}}
+    assert cfg.generation.cpu_matmul in ("onednn", "torch")
     assert config.config_changes(config.to_dict(cfg), cfg) == {}
 
 

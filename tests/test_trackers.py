@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import glob
 import json
+import re
 import struct
 from pathlib import Path
 
@@ -79,9 +80,18 @@ def wandb_records(path: str) -> list:
     return records
 
 
+def _attempt_order(path: str) -> tuple[str, int]:
+    """Sort key of an offline run file: its directory's start second, then wandb's "-1", "-2" suffix for a run
+    directory started in the same second as an earlier one (a resume right after a kill). Sorting the paths as
+    text put "offline-run-T-ID-1/" before "offline-run-T-ID/" ("-" < "/"): the resumed attempt's rows first."""
+    m = re.fullmatch(r"offline-run-(\d{8}_\d{6})-[^-]+(?:-(\d+))?", Path(path).parent.name)
+    assert m, f"unexpected wandb offline run directory {Path(path).parent.name}"
+    return m.group(1), int(m.group(2) or 0)
+
+
 def wandb_run(run_dir: Path) -> dict:
     """The offline wandb run(s) under ``RUN_DIR/wandb``: name, group, config and history rows."""
-    files = sorted(glob.glob(str(run_dir / "wandb" / "offline-run-*" / "run-*.wandb")))
+    files = sorted(glob.glob(str(run_dir / "wandb" / "offline-run-*" / "run-*.wandb")), key=_attempt_order)
     assert files, f"no wandb offline run under {run_dir}"
     out = {"files": files, "history": [], "config": {}, "exit": []}
     for f in files:
@@ -284,3 +294,12 @@ def test_scalars_keep_finite_numbers_only():
               "fitness": [1, 2], "n": 4, "none": None}
     assert scalars(record) == {"probe/pass@1": 0.25, "probe/n": 4.0}
     assert scalars({"step": 1, "reward_mean": 1}) == {"train/reward_mean": 1.0}
+
+
+def test_offline_runs_are_read_in_the_order_their_attempts_started():
+    # a resume in the same second as the kill gets wandb's "-1" directory, which sorts first as text
+    first, second = ("/r/wandb/offline-run-20261204_170741-abc/run-abc.wandb",
+                     "/r/wandb/offline-run-20261204_170741-abc-1/run-abc.wandb")
+    assert sorted([first, second]) == [second, first]
+    assert sorted([second, first], key=_attempt_order) == [first, second]
+    assert sorted([first, "/r/wandb/offline-run-20261204_170740-abc-1/run-abc.wandb"], key=_attempt_order)[1] == first
