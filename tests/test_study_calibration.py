@@ -73,6 +73,14 @@ def _rates(tmp_path, make, body) -> list[str]:
     return out
 
 
+def assert_calibrated(verdicts: list[str], detected: bool) -> None:
+    """A planted effect is reproduced in >= 11 of the seeds; a null is neither reproduced nor contradicted in more than 1."""
+    if detected:
+        assert verdicts.count(REPRODUCED) >= 11, verdicts
+    else:
+        assert verdicts.count(REPRODUCED) <= 1 and verdicts.count(CONTRADICTED) <= 1, verdicts
+
+
 def _levels(rng, shift=0.0):
     """Per-problem success probabilities of a model (``shift`` added, clipped), and 16 samples of each."""
     p = rng.beta(2, 3, PROBLEMS)
@@ -88,10 +96,7 @@ def test_paired_difference_detects_a_planted_gain_and_not_a_null(tmp_path, shift
         p, q = _levels(rng, shift)
         return {"a.json": _eval(rng.binomial(SAMPLES, p)), "b.json": _eval(rng.binomial(SAMPLES, q))}
     verdicts = _rates(tmp_path, make, _test("compare", "b_greater", a="a.json", b="b.json", metric="pass@1"))
-    if detected:
-        assert verdicts.count(REPRODUCED) >= 11, verdicts
-    else:
-        assert verdicts.count(REPRODUCED) <= 1 and verdicts.count(CONTRADICTED) <= 1, verdicts
+    assert_calibrated(verdicts, detected)
 
 
 @pytest.mark.parametrize("shift, detected", [(0.15, True), (0.0, False)])
@@ -214,10 +219,7 @@ def test_a_top_k_share_detects_a_planted_category_and_not_an_isotropic_walk(tmp_
         return {"localisation.json": {"models": {"es": {"100": loc[100]}}}}
     body = _test("value", ">", file="localisation.json", path="models.es.100.tie_split.by_category.attention", threshold=1.0)
     verdicts = _rates(tmp_path, make, body)
-    if detected:
-        assert verdicts.count(REPRODUCED) >= 11, verdicts
-    else:
-        assert verdicts.count(REPRODUCED) <= 1 and verdicts.count(CONTRADICTED) <= 1, verdicts
+    assert_calibrated(verdicts, detected)
 
 
 @pytest.mark.parametrize("boost, detected", [(1.4, True), (1.0, False)])
@@ -231,10 +233,7 @@ def test_the_dtype_null_detects_a_planted_category_and_not_an_isotropic_walk(tmp
         return {"magnitude.json": {"models": {"es": {"dtype_null": rec}}}}
     body = _test("value", ">", file="magnitude.json", path="models.es.dtype_null.by_category.attention", threshold=1.0)
     verdicts = _rates(tmp_path, make, body)
-    if detected:
-        assert verdicts.count(REPRODUCED) >= 11, verdicts
-    else:
-        assert verdicts.count(REPRODUCED) <= 1 and verdicts.count(CONTRADICTED) <= 1, verdicts
+    assert_calibrated(verdicts, detected)
 
 
 # -- C5: the functional test (zeroing below τ keeps pass@1) and the fraction below τ ----------------------------
