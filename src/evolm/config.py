@@ -857,9 +857,7 @@ def resolve_auto(cfg) -> list[str]:
     if isinstance(gen, GenerationConfig):
         notes += _auto_vllm(cfg, gen, dist, machine)
         if gen.cpu_matmul == AUTO:
-            from evolm.backends.cpu_matmul import onednn_available
-
-            gen.cpu_matmul = "onednn" if onednn_available() else "torch"
+            gen.cpu_matmul = "onednn" if machine.onednn_available() else "torch"
             if gen.backend == "hf" and isinstance(model, ModelConfig) and model.device == "cpu" and model.dtype == "float32":
                 notes.append(f"generation.cpu_matmul = {gen.cpu_matmul} (auto: "
                              + ("float32 linears through oneDNN while generating)" if gen.cpu_matmul == "onednn"

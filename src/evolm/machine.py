@@ -81,6 +81,14 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+def onednn_available() -> bool:
+    """Whether this torch build can run oneDNN's float32 matmul (x86 wheels can; some ARM builds cannot; imports
+    torch): ``generation.cpu_matmul = "auto"`` (``evolm.backends.cpu_matmul``)."""
+    import torch
+
+    return bool(torch.backends.mkldnn.is_available())
+
+
 def cpu_bf16_native() -> tuple[bool, str]:
     """Whether this CPU multiplies bfloat16 matrices in hardware (AMX), and why (for the start-up line):
     ``EVOLM_CPU_BF16`` (0 or 1) when set, else torch's AMX reading (imports torch), else /proc/cpuinfo's

@@ -32,14 +32,11 @@ from typing import Iterator, Literal
 import torch
 import torch.nn.functional as F
 
+from evolm.machine import onednn_available
+
 CpuMatmul = Literal["auto", "onednn", "torch"]
 CHOICES: tuple[str, ...] = ("auto", "onednn", "torch")
 _PATCHED = "_evolm_onednn"
-
-
-def onednn_available() -> bool:
-    """Whether this torch build can run oneDNN's float32 matmul (x86 wheels can; some ARM builds cannot)."""
-    return bool(torch.backends.mkldnn.is_available())
 
 
 def resolve(choice: str) -> bool:
