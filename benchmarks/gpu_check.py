@@ -617,6 +617,11 @@ def markdown(result: dict) -> str:
              f"({result['params']:,} parameters), {result['seconds_total']:.0f} s in all."]
     if result["skipped"]:
         lines += ["", "Skipped: " + "; ".join(result["skipped"]) + "."]
+    for name, error in result.get("errors", {}).items():
+        lines += ["", f"**Section {name} failed**: `{error.splitlines()[0]}` (traceback in the JSON)."]
+    if result.get("ran_without_triton"):
+        lines += ["", "Ran with `EVOLM_TRITON=0` after a failure with the Triton kernels: "
+                      + ", ".join(result["ran_without_triton"]) + "."]
     ident = result.get("identity")
     if ident:
         lines += ["", f"Identity ({ident['tensors']} tensors, {ident['elements']:,} elements):", "",
@@ -748,40 +753,67 @@ def main() -> None:
     model = build_model(shape, tokenizer, device)
     result["params"] = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
     say(f"built {shape_name} ({result['params']:,} parameters) on {device}")
-    if "identity" not in skip:
-        regex = args.identity_regex if args.identity_regex is not None else ("" if args.tiny else FULL_IDENTITY_REGEX)
+
+    def section(name: str, run, restore: bool = True):
+        """One section, guarded: an exception is recorded (``errors``) and the next section runs, so one
+        failure on a device cannot cost the rest of a single prepared call. A failure on CUDA with the
+        Triton kernels on is retried once with ``EVOLM_TRITON=0`` (the torch ops, same bits) and both said."""
+        if name in skip:
+            return
+        attempts = [None] + (["0"] if device.startswith("cuda") and os.environ.get("EVOLM_TRITON", "1") != "0" else [])
+        for triton in attempts:
+            saved = os.environ.get("EVOLM_TRITON")
+            if triton is not None:
+                os.environ["EVOLM_TRITON"] = triton
+            try:
+                run()
+                if triton is not None:
+                    result.setdefault("ran_without_triton", []).append(name)
+                break
+            except Exception as e:  # noqa: BLE001 -- a finding to report, not a reason to stop the check
+                import traceback
+
+                result.setdefault("errors", {})[name if triton is None else f"{name} (EVOLM_TRITON=0)"] = (
+                    f"{type(e).__name__}: {e}\n" + "".join(traceback.format_exc().splitlines(True)[-12:]))
+                say(f"{name} FAILED: {type(e).__name__}: {e}")
+            finally:
+                if triton is not None:
+                    if saved is None:
+                        os.environ.pop("EVOLM_TRITON", None)
+                    else:
+                        os.environ["EVOLM_TRITON"] = saved
+                if restore and base_state:
+                    model.load_state_dict(base_state)
+                if device.startswith("cuda"):
+                    torch.cuda.empty_cache()
+        save()
+        say(f"{name} done")
+
+    base_state: dict = {}
+    regex = args.identity_regex if args.identity_regex is not None else ("" if args.tiny else FULL_IDENTITY_REGEX)
+
+    def identity():
         result["identity"] = check_identity(model, device, regex, seed=12345, sigma=1e-3)
         result["identity"]["regex"] = regex
-        save()
-        say("identity done")
+
+    section("identity", identity)
     model = model.to(getattr(torch, args.dtype))
     if device.startswith("cuda"):
         torch.cuda.empty_cache()
-    base_state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
-    if "memory" not in skip:
+    base_state.update({k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()})
+
+    def memory():
         result["memory"], result["timing"] = check_memory_and_timing(args, model, tokenizer, device)
-        model.load_state_dict(base_state)
-        save()
-        say("memory and timing done")
-    if "es" not in skip:
+
+    def es():
         with tempfile.TemporaryDirectory(prefix="evolm-gpu-check-") as work:
             result["es"] = check_es(args, model, tokenizer, base_state, device, Path(work))
-        save()
-        say("ES end to end done")
-    if "noise" not in skip:
-        result["noise"] = check_noise_speed(args, model, device)
-        model.load_state_dict(base_state)
-        save()
-        say("noise speed done")
-    if "save" not in skip:
-        result["save"] = check_save_peak(args, model, tokenizer, device)
-        model.load_state_dict(base_state)
-        save()
-        say("save peak done")
-    if "lowrank" not in skip:
-        result["lowrank"] = check_lowrank(args, model, tokenizer, base_state, device)
-        save()
-        say("low-rank done")
+
+    section("memory", memory)
+    section("es", es)
+    section("noise", lambda: result.__setitem__("noise", check_noise_speed(args, model, device)))
+    section("save", lambda: result.__setitem__("save", check_save_peak(args, model, tokenizer, device)))
+    section("lowrank", lambda: result.__setitem__("lowrank", check_lowrank(args, model, tokenizer, base_state, device)))
     save()
     print(markdown(result))
 

@@ -37,6 +37,7 @@ def test_tiny_gpu_check_writes_every_section_and_says_what_it_skipped(tiny_check
     assert any("CUDA" in s for s in result["skipped"])
     for section in ("identity", "memory", "timing", "es", "noise", "save", "lowrank"):
         assert section in result, section
+    assert "errors" not in result, result.get("errors")  # the guard records a failure; on a CPU none may fail
     assert result["device_name"] in stdout and "## GPU check" in stdout  # the markdown section names the device
     timing = result["timing"]
     assert timing["update_s_median"] > 0 and timing["checksum_s_median"] > 0
@@ -51,6 +52,23 @@ def test_tiny_gpu_check_writes_every_section_and_says_what_it_skipped(tiny_check
     (row,) = result["lowrank"]["rows"]
     assert row["population"] == 8 and row["full"]["members_per_s"] > 0 and row["lowrank"]["members_per_s"] > 0
     assert row["full"]["gen_tokens"] > 0 and row["lowrank"]["gen_tokens"] > 0
+
+
+def test_a_failing_section_is_recorded_and_the_next_one_still_runs(tmp_path, tokenizer):
+    """One prepared call is all a lent GPU gets: a section that raises (here an invalid parameter regex in the
+    identity check) is recorded under ``errors`` and named in the printed section, and the memory section after it
+    still runs and is saved."""
+    out = tmp_path / "gpu_check.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--tiny", "--device", "cpu",
+                           "--threads", "1", "--out", str(out), "--identity-regex", "[", "--prompts", "4",
+                           "--max-new-tokens", "8", "--timing-repeats", "1", "--skip", "es,noise,save,lowrank"],
+                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert "identity" not in result and "error" in result["errors"]["identity"]
+    assert "memory" in result and "timing" in result
+    assert "Section identity failed" in done.stdout
 
 
 def test_tiny_gpu_check_restores_resumes_and_replays_bit_exactly_on_the_cpu(tiny_check):
