@@ -5,8 +5,9 @@
     PYTHONPATH=src:.devcarry/site python3 benchmarks/gpu_check.py --tokenizer .devcarry/smollm2 --out $OUT/gpu_check.json
 
 On the device machine (one H200; torch 2.11, transformers 5.17; no hub, no vLLM, no Ray) the whole
-check is sized for 4-6 minutes (an estimate: it has not run there yet); the JSON is rewritten after
-every section, so a run cut off by its time limit keeps what it measured, and ``--skip`` reruns a part.
+check took 289 s (2026-12-04, docs/benchmarks/gpu_check_h200.json); the JSON is rewritten after every
+section, so a run cut off by its time limit keeps what it measured, and ``--skip`` reruns a part; a
+section that raises is recorded under ``errors`` and the next one runs.
 It imports only torch, transformers, numpy, safetensors
 and evolm, and what evolm imports at module level: everything the device image has except ``tomli_w``
 (``evolm.config`` writes each run's resolved config.toml with it). Carry it as a folder: ``mkdir -p
@@ -668,8 +669,17 @@ def markdown(result: dict) -> str:
         for key, row in nz["rows"].items():
             if isinstance(row, dict) and "member_s" in row:
                 lines.append(f"| {key} | {row['member_s']:.3f} | {row['update_s']:.3f} | {row['estimated_update_s']:.2f} |")
+            elif isinstance(row, dict) and "speedup_member" in row:  # the Triton benchmark: its own line below
+                continue
             elif isinstance(row, dict):
                 lines.append(f"| {key} | {row.get('skipped', '')} | | |")
+        tb = nz["rows"].get("triton_benchmark")
+        if isinstance(tb, dict) and "speedup_member" in tb:
+            lines.append(f"\nTriton kernels against the torch ops ({tb['numel']:,} {tb['dtype']} elements, N = {tb['members']}): "
+                         f"member {tb['triton']['member_s'] * 1e3:.1f} ms against {tb['torch']['member_s'] * 1e3:.1f} ms "
+                         f"(**{tb['speedup_member']:.1f}x**), update {tb['triton']['update_s'] * 1e3:.1f} ms against "
+                         f"{tb['torch']['update_s'] * 1e3:.1f} ms (**{tb['speedup_update']:.0f}x**); noise, member and "
+                         f"update bit-identical: {yes(all(tb['identical'].values()))}.")
         if "triton_equals_torch_ops" in nz["rows"]:
             lines.append(f"\nTriton kernel = torch ops after a member cycle and an update: {yes(nz['rows']['triton_equals_torch_ops'])}.")
     sv = result.get("save")
