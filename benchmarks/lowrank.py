@@ -61,7 +61,7 @@ def _load(args):
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     models.quiet_transformers()
-    tokenizer = AutoTokenizer.from_pretrained(models.local_dir(models.DEFAULT_MODEL))
+    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or models.local_dir(models.DEFAULT_MODEL))
     tokenizer.padding_side = "left"
     tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
     shape = dict(SHAPES[args.shape])
@@ -156,10 +156,21 @@ def child(args) -> dict:
     return out
 
 
+def _device_name(device: str) -> str:
+    """What ran the figures, for the JSON (every figure names its device)."""
+    import platform
+
+    import torch
+
+    if device.startswith("cuda") and torch.cuda.is_available():
+        return torch.cuda.get_device_name(device)
+    return f"{platform.processor() or platform.machine()} ({os.cpu_count()} logical CPUs)"
+
+
 def _run_child(args, mode: str, n: int) -> dict:
     cmd = [sys.executable, __file__, "--child", mode, "--population", str(n)]
     for key in ("model", "shape", "device", "dtype", "threads", "prompts", "max_new_tokens", "batch_size", "rank",
-                "member_batch", "sigma", "repeats"):
+                "member_batch", "sigma", "repeats", "tokenizer"):
         value = getattr(args, key)
         if value not in (None, ""):
             cmd += [f"--{key.replace('_', '-')}", str(value)]
@@ -178,6 +189,8 @@ def main() -> None:
     p.add_argument("--model", default="smollm2-135m", help="model spec loaded when --shape is not given")
     p.add_argument("--shape", default="", choices=[""] + sorted(SHAPES), help="random-initialised model of this shape")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--tokenizer", default="", help="folder with SmolLM2's tokenizer files for --shape (default: the "
+                                                  "embedded model's cache; a device machine without it: docs/gpu.md)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--populations", default="8,16,32")
@@ -197,7 +210,7 @@ def main() -> None:
         print(json.dumps(child(args)))
         return
     settings = {k: v for k, v in vars(args).items() if k not in ("child", "json", "population")}
-    results = {"settings": settings, "runs": []}
+    results = {"settings": settings, "device_name": _device_name(args.device), "runs": []}
     t0 = time.perf_counter()
     for n in [int(x) for x in args.populations.split(",")]:
         row = {}
