@@ -91,8 +91,12 @@ def test_vllm_inside_ray_actors_is_accepted_and_layouts_that_cannot_work_are_ref
     assert shared.generation.vllm_gpu_memory_utilization <= 0.5
     config.from_dict(config.ESJob, {}, ray_vllm + ["distributed.gpus=0.5", "generation.vllm_gpu_memory_utilization=0.45"])
     config.from_dict(config.ESJob, {}, ray_vllm + ["distributed.gpus=1"])
-    with pytest.raises(config.ConfigError, match=r"es.perturbation='lowrank'"):  # low-rank with Ray stays refused
-        config.from_dict(config.ESJob, {}, ["distributed.workers=2", "es.perturbation='lowrank'"])
+    # low-rank members on actors go in blocks: 0 resolves to ceil(N / K), an explicit value is kept
+    lowrank = config.from_dict(config.ESJob, {}, ["distributed.workers=3", "es.perturbation='lowrank'", "es.population=8"])
+    assert lowrank.es.member_batch == 3
+    kept = config.from_dict(config.ESJob, {}, ray_vllm + ["es.perturbation='lowrank'", "es.params=['attention','mlp']",
+                                                          "es.population=8", "es.member_batch=2"])
+    assert kept.es.member_batch == 2
 
 
 @pytest.mark.parametrize("value", ["0", "1.5", "-0.1"])
@@ -348,6 +352,24 @@ def test_two_actors_reach_the_local_weights_bit_for_bit(tmp_path, tiny_dir, loca
     assert records[0]["gen_sequences"] == 8 * 8  # cost counters come back from the actors
     assert all(0 <= r["driver_seconds"] < r["seconds"] + 60 for r in records)  # measured every update
     assert "driver_seconds" not in _train(local_run)[0]
+
+
+@pytest.mark.ray
+def test_lowrank_members_in_blocks_on_two_actors_reach_the_one_process_weights(tmp_path, tiny_dir, ray_instance,
+                                                                              vowel_task):
+    """Low-rank members (all of a block in one batched forward pass) on 2 HF actors: each actor call scores a block
+    of members, es.member_batch = 0 resolves to ceil(N / K) = 4 (recorded), and the run equals a one-process run
+    with es.member_batch = 4 bit for bit (fitnesses, seed log, final weights), with every update applied."""
+    lowrank = {"es.perturbation": "'lowrank'", "es.rank": 2}
+    local = _run(_cfg(tmp_path / "local", tiny_dir, 0, **lowrank, **{"es.member_batch": 4}), vowel_task)
+    cfg = _cfg(tmp_path / "ray", tiny_dir, 2, **lowrank)
+    run = _run(cfg, vowel_task)
+    assert "member_batch = 4" in (run.path / "config.toml").read_text()
+    _assert_same_run(run, local)
+    records = _train(run)
+    assert {r["update_status"] for r in records} == {"applied"}
+    assert all(sorted(r["ray_members"].values()) in ([4, 4], [8]) for r in records)  # whole blocks per actor call
+    assert records[0]["gen_sequences"] == 8 * 8
 
 
 EVALUATED = {"eval.before_after": "true", "eval.count": 6, "eval.n_samples": 2, "eval.k": "[1,2]", "probe.every": 2,

@@ -256,3 +256,47 @@ def test_bf16_engine_updates_float32_masters_like_the_hf_lowrank_path():
         assert _engine_digests(generator, hf.names) == _model_digests(reference, hf.names) == _model_digests(model, hf.names)
     finally:
         generator.close()
+
+
+@pytest.mark.ray
+def test_two_ray_actors_with_lora_populations_equal_one_engine_with_the_same_blocks(tmp_path):
+    """The LoRA population on 2 Ray actors (one vLLM engine each, a block of N / K members per actor call, each
+    block one engine call): es.member_batch = 0 resolves to 2 (recorded), and the run equals one engine scoring
+    the same blocks (es.member_batch = 2) bit for bit: fitnesses, seed log and final weights, with members that
+    differ and every update applied (a run that scored the base weights would have equal fitnesses)."""
+    pytest.importorskip("ray")
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "runs"
+
+    def es(name, *extra):
+        cmd = [sys.executable, "-m", "evolm", "es", "--config", str(root / "configs" / "es-arithmetic.toml"),
+               "--set", 'es.perturbation="lowrank"', "--set", "es.params=['attention','mlp']", "--set", "es.iterations=2",
+               "--set", "es.population=4", "--set", "es.prompts_per_iteration=8", "--set", "es.sigma=0.02",
+               "--set", "eval.before_after=false", "--set", "probe.every=0", "--set", f'run.out_dir="{out}"',
+               "--set", f'run.name="{name}"', "--set", "run.progress=false", "--set", "model.threads=1",
+               "--set", 'generation.backend="vllm"', "--set", "generation.vllm_enforce_eager=true",
+               "--set", "generation.vllm_kv_cache_gb=0.25", "--set", "generation.vllm_max_model_len=512", *extra]
+        env = {**os.environ, "RAY_memory_monitor_refresh_ms": "0"}
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=env)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        log = [json.loads(x) for x in (out / name / "seed_log.jsonl").read_text().splitlines()]
+        metrics = [json.loads(x) for x in (out / name / "metrics.jsonl").read_text().splitlines()]
+        return log, load_file(str(out / name / "final" / "model.safetensors")), metrics
+
+    one_log, one_final, _ = es("one", "--set", "es.member_batch=2")
+    ray_log, ray_final, metrics = es("ray", "--set", "distributed.workers=2", "--set", "distributed.threads=1")
+    assert "member_batch = 2" in (out / "ray" / "config.toml").read_text()
+    assert [r.get("status") for r in ray_log[1:]] == ["applied", "applied"]
+    assert all(len(set(r["fitness"])) > 1 for r in ray_log[1:]), [r["fitness"] for r in ray_log[1:]]
+    assert ray_log == one_log
+    assert ray_final.keys() == one_final.keys() and all(torch.equal(ray_final[n], one_final[n]) for n in one_final)
+    train = [r for r in metrics if r.get("kind") == "train"]
+    assert all(r["ray_actors"] == 2 and sum(r["ray_members"].values()) == 4 for r in train)

@@ -264,7 +264,7 @@ class ESSection:
     rank: int = 4
     """Rank r of each member's matrix perturbation when perturbation = "lowrank" (an update has rank <= N x r)."""
     member_batch: int = 0
-    """With perturbation = "lowrank": members per batched generate call (0: all N at once). Rows per call = members x prompts; lower it to bound memory (the KV cache grows with the rows). On vLLM: members (LoRA adapters) per engine call, and the engine's LoRA slots."""
+    """With perturbation = "lowrank": members per batched generate call (0: all N at once). Rows per call = members x prompts; lower it to bound memory (the KV cache grows with the rows). On vLLM: members (LoRA adapters) per engine call, and the engine's LoRA slots. With Ray actors (distributed.workers = K >= 2) each actor call scores one block of this many members; 0 there resolves to ceil(N / K) at the start (recorded in config.toml: the block size can change a member's last bits, and a one-process run with the same value scores the same blocks)."""
     arithmetic: Literal["exact", "reference", "artifact"] = "exact"
     """exact: float32 masters (or float32 weights perturbed in place with recorded corrections), restore bit for bit, updates accumulated in float32. reference: Qiu et al.'s arithmetic, in the model's own dtype (model.dtype) and in place: perturb adds sigma * eps, restore subtracts the regenerated sigma * eps (not exact in bf16/fp16), the update is accumulated, divided by N and scaled by lr in that dtype (one_point, hf backend, one process; see docs/es.md and evolm/es/reference.py). artifact: the published code of arXiv 2608.27351 (github.com/yunpengba7/understanding-es): float32 noise times sigma cast to model.dtype and added in place, reverted by the same with -sigma (not exact), the update summed in float32 and added in model.dtype, on es.engines replicas that each revert and update on their own, synced from replica 0 every es.engine_sync_every updates, at checkpoints and at the end (one_point, hf backend, one process, CPU; evolm/es/artifact.py)."""
     engines: int = 1
@@ -535,9 +535,6 @@ class ESJob:
                 require(self.es.rank <= LORA_MAX_RANK,
                         f"es.rank={self.es.rank} is above vLLM's largest LoRA rank ({LORA_MAX_RANK}); lower es.rank or "
                         f"set generation.backend='hf'")
-            require(d.workers < 2,
-                    f"es.perturbation='lowrank' scores all members in this process's batched forward passes; "
-                    f"set distributed.workers=0 (got {d.workers}) or es.perturbation='full' for a Ray population")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -854,6 +851,12 @@ def resolve_auto(cfg) -> list[str]:
         es.noise = "table" if es.perturbation == "lowrank" else "counter"
         notes.append(f"es.noise = {es.noise} (auto: " + ("low-rank factors are views into the table)" if es.noise == "table"
                      else "no P-sized buffer, the same bits on CPU and GPU; docs/es.md)"))
+    if (isinstance(es, ESSection) and es.perturbation == "lowrank" and es.member_batch == 0 and dist is not None
+            and isinstance(dist.workers, int) and dist.workers >= 2):
+        # a block of members is one batched call; its size can change a member's last bits, so it is recorded
+        es.member_batch = -(-es.population // dist.workers)
+        notes.append(f"es.member_batch = {es.member_batch} (0 with {dist.workers} Ray actors: a block of ceil(N / K) "
+                     f"members per actor call; a one-process run with this es.member_batch scores the same blocks)")
     if isinstance(gen, GenerationConfig):
         notes += _auto_vllm(cfg, gen, dist, machine)
         if gen.cpu_matmul == AUTO:

@@ -206,6 +206,11 @@ class LowRankParamSet(ParamSet):
         an iteration)."""
         return False
 
+    def update_bound(self, coefficients, scale: float) -> float:
+        """No cheap bound for ``|A B^T|`` (the noise's largest value bounds neither factor's product): infinite,
+        so the driver of Ray actors waits for every low-rank update's answers (``RayPopulation.apply_update``)."""
+        return math.inf
+
     @torch.no_grad()
     def _add_update(self, iteration: int, coefficients: list[float], scale: float, write: bool) -> bool:
         """``theta += scale * sum_d c_d E_d`` (``write``): one float32 GEMM per matrix (rank <= D r),

@@ -153,7 +153,7 @@ from evolm.backends import engine_options, heldout_backend, make_generator
 from evolm.errors import UserError
 from evolm.es import fused
 from evolm.checksum import tensor_checksum
-from evolm.es.engine import load_masters, save_masters, build_paramset, float32_model
+from evolm.es.engine import load_masters, save_masters, build_paramset, float32_model, make_population
 from evolm.es.params import within_bounds
 from evolm.es.population import NON_FINITE_WEIGHTS, LocalPopulation, MemberScores
 from evolm.es.update import Update
@@ -366,7 +366,7 @@ class Replica:
         except BaseException:
             generator.close()
             raise
-        self.population = LocalPopulation(params, generator, recipe.task)
+        self.population = make_population(cfg, params, generator, recipe.task)  # low-rank: a block in one call
         self.hf = g.backend == "hf"
         self.fused = cfg.model.device == "cpu" and fused.kernel() is not None
         self.seconds_start = time.perf_counter() - t0
@@ -380,10 +380,12 @@ class Replica:
                 "peaks": params.peaks() if self.hf else None,
                 "hf_copy_bytes": sum(p.numel() * p.element_size() for p in self.model.parameters() if p.device.type != "meta")}
 
-    def score(self, iteration: int, direction: int, sign: int, sigma: float, batch) -> dict:
+    def score(self, iteration: int, members: list[tuple[int, int]], sigma: float, batch) -> dict:
+        """Score a block of members ``(direction, sign)``: one member of a full-rank population, a block of a
+        low-rank one (its population scores the block in one batched call: HF rows, or vLLM LoRA adapters)."""
         examples, prompts, sampling = batch
-        s = self.population.score(iteration, [(direction, sign)], sigma, examples, prompts, sampling)
-        return {"fitness": s.fitness[0], "error": s.errors.get(0), "unscored": bool(s.unscored), "seconds": s.seconds,
+        s = self.population.score(iteration, [tuple(m) for m in members], sigma, examples, prompts, sampling)
+        return {"fitness": list(s.fitness), "errors": dict(s.errors), "unscored": list(s.unscored), "seconds": s.seconds,
                 "gen_sequences": s.gen_sequences, "gen_tokens": s.gen_tokens}
 
     def apply_update(self, iteration: int, coefficients: list[float], scale: float) -> dict:
@@ -627,6 +629,8 @@ class RayPopulation:
         dist = cfg.distributed
         self.params = params
         self.generator = generator
+        self.block = (cfg.es.member_batch or cfg.es.population) if cfg.es.perturbation == "lowrank" else 1
+        """Members per actor call: 1 (full-rank), ``es.member_batch`` (low-rank, resolved to ceil(N / K) from 0)."""
         self.say = say
         self.workers = dist.workers
         self._cleanup = cleanup
@@ -795,18 +799,18 @@ class RayPopulation:
 
     # -- the population calls ------------------------------------------------------------------------
     def _schedule(self, items: int, send: Callable[[Any, int], Any], done: Callable[[int, int, Any], None],
-                  nobody: str) -> int:
+                  nobody: str) -> list[int]:
         """The one scheduler of ``score`` and ``generate_many``: work items ``0 .. items - 1``, each sent to the
         first free actor (``send(handle, index)`` returns its future; every actor holds at most one), and
         ``done(aid, index, result)`` as each returns, in the order they finish. An item whose actor died goes
         back to the front of the queue (``_on_death`` starts a replacement, which takes items once it is up, as
-        does any actor still starting). ``nobody``: the ``DistributedError`` when no actor is left. Returns how
-        many items were sent again after their actor died."""
+        does any actor still starting). ``nobody``: the ``DistributedError`` when no actor is left. Returns the
+        items sent again after their actor died (once per time)."""
         ray = self.ray
         todo = deque(range(items))
         busy: dict[Any, tuple[int, int]] = {}
         idle = deque(sorted(self._actors))
-        again = 0
+        again: list[int] = []
         while todo or busy:
             while idle and todo:
                 aid = idle.popleft()
@@ -831,7 +835,7 @@ class RayPopulation:
                 if aid in self._actors:  # else its death was met already (the update sent before this work)
                     self._on_death(aid, self._actors[aid], e)
                 todo.appendleft(index)
-                again += 1
+                again.append(index)
                 continue
             done(aid, index, result)
             idle.append(aid)
@@ -839,35 +843,41 @@ class RayPopulation:
 
     def score(self, iteration: int, layout: list[tuple[int, int]], sigma: float, examples, prompts, sampling,
               on_member: Callable[[], None] | None = None):
+        """The members in blocks, one block per actor call: one member each (full-rank), or ``es.member_batch``
+        members each (low-rank: the actor scores its block in one batched call, as a one-process run with the
+        same ``es.member_batch`` does, so the blocks and their bits are that run's)."""
         batch = self.ray.put((examples, prompts, sampling))
         out = MemberScores(fitness=[math.nan] * len(layout))
         per_actor: dict[int, int] = {}
         self.first_member_at = None
+        blocks = [list(range(start, min(start + self.block, len(layout)))) for start in range(0, len(layout), self.block)]
 
-        def send(handle, member: int):
-            direction, sign = layout[member]
-            future = handle.score.remote(iteration, direction, sign, sigma, batch)
+        def send(handle, block: int):
+            future = handle.score.remote(iteration, [layout[m] for m in blocks[block]], sigma, batch)
             if self.first_member_at is None:
                 self.first_member_at = time.perf_counter()
             return future
 
-        def scored(aid: int, member: int, result: dict) -> None:
-            out.fitness[member] = result["fitness"]
-            if result["error"]:
-                out.errors[member] = result["error"]
-            if result.get("unscored"):
-                out.unscored.append(member)
+        def scored(aid: int, block: int, result: dict) -> None:
+            for j, member in enumerate(blocks[block]):
+                out.fitness[member] = result["fitness"][j]
+                if j in result["errors"]:
+                    out.errors[member] = result["errors"][j]
+                if j in result["unscored"]:
+                    out.unscored.append(member)
             for k, v in result["seconds"].items():
                 out.seconds[k] = out.seconds.get(k, 0.0) + v
             out.gen_sequences += result["gen_sequences"]
             out.gen_tokens += result["gen_tokens"]
-            per_actor[aid] = per_actor.get(aid, 0) + 1
+            per_actor[aid] = per_actor.get(aid, 0) + len(blocks[block])
             self.last_fitness_at = time.perf_counter()
             if on_member:
-                on_member()
+                for _ in blocks[block]:
+                    on_member()
 
-        rescored = self._schedule(len(layout), send, scored, "no Ray actor is left to score the population")
-        out.extra = {"ray_actors": len(self._actors), "ray_restarts": self.restarts, "ray_rescored": rescored,
+        rescored = self._schedule(len(blocks), send, scored, "no Ray actor is left to score the population")
+        out.extra = {"ray_actors": len(self._actors), "ray_restarts": self.restarts,
+                     "ray_rescored": sum(len(blocks[b]) for b in rescored),  # members, whole blocks of them
                      "ray_update_seconds": self.update_seconds,
                      "ray_replayed": self.replayed, "ray_copied": self.copied,
                      "ray_members": {str(a): n for a, n in sorted(per_actor.items())},
