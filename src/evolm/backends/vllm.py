@@ -684,6 +684,13 @@ class EngineParamSet:
             raise RuntimeError("with tensor parallelism each rank checksums its own slices (VLLMGenerator._mismatched)")
         return self.generator.rpc("es_checksums")[0]
 
+    def peaks(self) -> list[float]:
+        """``max |theta|`` per selected tensor as the engine holds it (its float32 masters when kept), computed
+        in the worker: the bound the driver of Ray actors starts from (``RayPopulation.apply_update``)."""
+        if self.generator.tp > 1:  # Ray actors with TP engines are refused at validation
+            raise RuntimeError("peaks of a tensor-parallel engine are per rank and not gathered")
+        return self.generator.rpc("es_peaks")[0]
+
     def engine_checksums(self) -> list[int]:
         """The replica checksum (``evolm.checksum``) of every selected tensor as the engine holds it (its float32 masters first when kept,
         then the live weights it generates from), in ParamSet order, computed inside the worker: what a

@@ -53,14 +53,15 @@ Design decisions:
   from the previous update's last fitness (the iteration's start for the first update of a process) to this
   update's first member being sent, i.e. everything the actors wait on the driver for: the update's
   arithmetic, sending it, logging, probes and checkpoints between.
-- **The driver does not wait for an update it can prove finite (HF actors).** It keeps an upper bound of
-  every selected tensor's ``max |theta|`` (the first actor's ``peaks`` at start, plus each applied update's
+- **The driver does not wait for an update it can prove finite.** It keeps an upper bound of
+  every selected tensor's ``max |theta|`` (the first actor's ``peaks`` at start, computed in the engine's worker
+  for a vLLM actor, plus each applied update's
   ``ParamSet.update_bound``); when ``params.within_bounds`` proves the update cannot make a weight non-finite
   (the same test each replica makes before it writes), the update is sent and counted applied, and the next
   members are sent behind it at once (Ray runs one caller's calls to an actor in order); the actors'
   answers (applied, checksums) are checked by ``confirm_update`` as soon as that work is out (``_schedule``),
-  and before any save or ``sync``. An update the bound cannot prove (near overflow; every update with vLLM
-  actors) is waited for as before. ``ray_update_seconds`` in the next record is the slowest actor's time
+  and before any save or ``sync``. An update the bound cannot prove (near overflow; every low-rank update,
+  whose ``|A B^T|`` has no cheap bound) is waited for as before. ``ray_update_seconds`` in the next record is the slowest actor's time
   applying and checksumming it: actor time, the same work as in one process.
 - **Replicas stay bit-identical, checked on their device.** After loading and after every applied update
   each actor returns ``checksum.tensor_checksum`` per selected tensor (the float32 masters first when
@@ -377,7 +378,7 @@ class Replica:
         params = self.population.params
         return {"pid": os.getpid(), "host": socket.gethostname(), "node": _node_id(), "threads": self.threads,
                 "fused": self.fused, "checksum": weights_checksum(params), "seconds_start": self.seconds_start,
-                "peaks": params.peaks() if self.hf else None,
+                "peaks": params.peaks(),  # HF: read here; vLLM: in the engine's worker
                 "hf_copy_bytes": sum(p.numel() * p.element_size() for p in self.model.parameters() if p.device.type != "meta")}
 
     def score(self, iteration: int, members: list[tuple[int, int]], sigma: float, batch) -> dict:
@@ -651,8 +652,10 @@ class RayPopulation:
                                      threads=0 if placement.auto else threads, fused=uses_fused)
         self._replay: list[tuple[int, list[float], float]] = []
         self._peaks: list[float] | None = None
-        """HF actors: an upper bound of ``max |theta|`` per selected tensor (``apply_update``)."""
-        self._limits = params.finite_limits() if self._evaluates else []
+        """An upper bound of ``max |theta|`` per selected tensor (``apply_update``), from the first actor's peaks."""
+        self.unwaited = 0
+        """Updates sent without waiting for their answers (``apply_update``; checked later by ``confirm_update``)."""
+        self._limits = params.finite_limits()
         self._pending: tuple[int, dict] | None = None
         """An update sent without waiting for its answers (``apply_update``), checked by ``confirm_update``."""
         self.update_seconds: float | None = None
@@ -749,7 +752,7 @@ class RayPopulation:
             return None
         self._info[aid] = info
         self._check(aid, info["checksum"], expected, "after loading")
-        if self._peaks is None and self._evaluates and info.get("peaks") is not None:  # the first actor up
+        if self._peaks is None and info.get("peaks") is not None:  # the first actor up
             self._peaks = [float(p) for p in info["peaks"]]
         self._actors[aid] = handle
         return aid
@@ -987,12 +990,12 @@ class RayPopulation:
         """Apply ``update`` on every replica and queue it for the driver's copy (``sync``); returns it, or it
         marked skipped when the weights refused it (non-finite: every replica refuses it alike).
 
-        With HF actors the driver keeps an upper bound of every tensor's ``max |theta|`` (the actors' ``peaks`` at
+        The driver keeps an upper bound of every tensor's ``max |theta|`` (the first actor's ``peaks`` at
         start, plus each applied update's ``ParamSet.update_bound``); when the bound proves the update safe
         (``params.within_bounds``, the test every replica makes before writing) it is sent and the driver goes
         on: the next members queue behind it on each actor (Ray runs an actor's calls in the order they were
-        sent) and ``confirm_update`` checks the answers once that work is out. Otherwise (vLLM actors, an update
-        the bound cannot prove finite) the driver waits for the answers here. The first actor's answer is the reference the others must match
+        sent) and ``confirm_update`` checks the answers once that work is out. Otherwise (an update the bound
+        cannot prove finite: near overflow, or low-rank) the driver waits for the answers here. The first actor's answer is the reference the others must match
         (checksums and whether the update applied); with every actor lost during the update the driver catches
         up and is the reference."""
         if not update.applies:
@@ -1008,6 +1011,7 @@ class RayPopulation:
         if sure:
             self._took(iteration, coefficients, scale)
             self._pending = (iteration, futures)
+            self.unwaited += 1
         elif not self._settle(iteration, futures, coefficients, scale, queued=False):
             return update.skipped(NON_FINITE_WEIGHTS)
         if self._peaks is not None:  # still an upper bound: no weight moved by more than step

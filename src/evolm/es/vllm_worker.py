@@ -260,6 +260,11 @@ class ESWorkerExtension:
         p = self._es_params
         return [tensor_checksum(t) for t in (p.masters or [])] + [tensor_checksum(t) for t in p.tensors]
 
+    def es_peaks(self) -> list[float]:
+        """``max |theta|`` per selected tensor (of its float32 master when kept), in ParamSet order: what the
+        driver of Ray actors bounds later updates with (``ParamSet.peaks``)."""
+        return self._es_params.peaks()
+
     def es_checksums(self) -> dict[str, int]:
         """Checksum of every mapped HF tensor (live weights, in the engine's dtype)."""
         return {name: checksum(view) for name, view in self._es_views.items()}
