@@ -26,7 +26,7 @@ def aws():
 
 
 def _walk(out: Path, model: str, arm: str, seed: int, updates: int, distance: float, below: float,
-          divergence: float | None = None) -> None:
+          divergence: float | None = None, status: str = "finished") -> None:
     spec = {"smollm2": "smollm2-135m", "gemma": "gemma3-270m"}[model]
     name = f"aw-{model}-{arm}-s{seed}-null"
     run = out / name
@@ -34,7 +34,7 @@ def _walk(out: Path, model: str, arm: str, seed: int, updates: int, distance: fl
     arithmetic = {"exact": "exact", "reference": "reference", "artifact": "artifact"}[arm]
     (run / "config.toml").write_text(f'[model]\nspec = "{spec}"\ndtype = "bfloat16"\n\n[es]\npopulation = 32\n'
                                      f'lr = 0.00025\nsigma = 0.0015\narithmetic = "{arithmetic}"\n')
-    (run / "run.json").write_text(json.dumps({"status": "finished", "fitness": "null: seeded N(0,1)"}))
+    (run / "run.json").write_text(json.dumps({"status": status, "fitness": "null: seeded N(0,1)"}))
     recs = [{"kind": "train", "step": s} for s in range(1, updates + 1)]
     if divergence is not None:
         recs[-1]["replica_divergence"] = {"relative_distance": [divergence], "differing": [0.5],
@@ -56,6 +56,7 @@ def test_per_seed_contrasts_and_incomplete_seeds(tmp_path, aws, capsys):
         _walk(out, "smollm2", "reference", seed, 6, ref, 0.01)
         _walk(out, "smollm2", "artifact", seed, 6, art, 0.02, divergence=1e-3 * (seed + 1))
     _walk(out, "gemma", "exact", 0, 6, 0.010, 0.07)  # a seed with one arm only
+    _walk(out, "gemma", "reference", 0, 3, 0.010, 0.07, status="running")  # a walk under way: never published
     assert aws.main([str(out), "--publish", str(tmp_path / "docs" / "artifact")]) == 0
     s = json.loads((out / "summary.json").read_text())
     c = s["contrasts"]["smollm2-135m"]
@@ -65,11 +66,13 @@ def test_per_seed_contrasts_and_incomplete_seeds(tmp_path, aws, capsys):
     assert c["below_tau_difference_artifact"] == pytest.approx([-0.05] * 3)
     assert c["divergence_before_sync"] == pytest.approx([1e-3, 2e-3, 3e-3])
     g = s["contrasts"]["gemma3-270m"]
-    assert g["seeds"] == [] and g["incomplete"] == [{"seed": 0, "arms": {"exact": 6}}]
+    assert g["seeds"] == [] and g["incomplete"] == [{"seed": 0, "arms": {"exact": 6, "reference": 3}}]
     published = tmp_path / "docs" / "artifact"
     assert (published / "summary.json").read_text() == (out / "summary.json").read_text()
     assert (published / "runs" / "aw-smollm2-artifact-s0-null" / "metrics.jsonl").exists()
     assert (published / "analyses" / "aw-smollm2-artifact-s0-null" / "drift.json").exists()
+    assert (published / "runs" / "aw-gemma-exact-s0-null").exists()
+    assert not (published / "runs" / "aw-gemma-reference-s0-null").exists()
 
     # the study's own Q4 tests read the published summary: SmolLM2 judged over 3 seeds, Gemma not run yet
     claims = load_claims(ROOT / "experiments" / "study" / "claims.toml")

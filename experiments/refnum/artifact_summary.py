@@ -104,8 +104,14 @@ def markdown(summary: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _finished(run: Path) -> bool:
+    p = run / "run.json"
+    return p.exists() and json.loads(p.read_text()).get("status") == "finished"
+
+
 def publish(out: Path, dest: Path) -> None:
-    for run in sorted(p for p in out.iterdir() if NAME.match(p.name) and (p / "config.toml").exists()):
+    """Copy the finished walks (a walk still running or stopped stays under OUT) and the summary."""
+    for run in sorted(p for p in out.iterdir() if NAME.match(p.name) and _finished(p)):
         copy_run_files(run, dest / "runs" / run.name)
         copy_analyses(out / "analyses" / run.name, dest / "analyses" / run.name)
     for name in ("summary.json", "summary.md"):
