@@ -166,6 +166,32 @@ def test_updates_equal_the_hf_lowrank_run_and_the_adapter_cache_does_not_grow(se
     assert generator.lora_count() == 0
 
 
+def _es_cli(out, name: str, *extra: str):
+    """``evolm es`` on configs/es-arithmetic.toml in a subprocess: low-rank members on attention and MLP, 2 updates of
+    N = 4 x 8 prompts at sigma 0.02, no held-out evaluation, plus ``extra`` overrides; returns the run's seed log,
+    final weights and metrics records."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    root = Path(__file__).resolve().parents[1]
+    cmd = [sys.executable, "-m", "evolm", "es", "--config", str(root / "configs" / "es-arithmetic.toml"),
+           "--set", 'es.perturbation="lowrank"', "--set", "es.params=['attention','mlp']", "--set", "es.iterations=2",
+           "--set", "es.population=4", "--set", "es.prompts_per_iteration=8", "--set", "es.sigma=0.02",
+           "--set", "eval.before_after=false", "--set", "probe.every=0", "--set", f'run.out_dir="{out}"',
+           "--set", f'run.name="{name}"', "--set", "run.progress=false", *extra]
+    env = {**os.environ, "RAY_memory_monitor_refresh_ms": "0"}  # a shared machine's memory is not the test's
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    log = [json.loads(x) for x in (out / name / "seed_log.jsonl").read_text().splitlines()]
+    metrics = [json.loads(x) for x in (out / name / "metrics.jsonl").read_text().splitlines()]
+    return log, load_file(str(out / name / "final" / "model.safetensors")), metrics
+
+
 def test_es_cli_lora_run_equals_the_hf_lowrank_run(tmp_path):
     """``evolm es`` with ``es.perturbation="lowrank"`` on vLLM (a second engine, started by the CLI) against the
     HF low-rank run of the same config: its seed log replays its final weights bit for bit on the HF side,
@@ -173,28 +199,13 @@ def test_es_cli_lora_run_equals_the_hf_lowrank_run(tmp_path):
     updates and bit-identical final weights; a greedy near-tie between vLLM's and HF's kernels may flip one
     member's completion, so the first update allows one member to differ and the weights are compared
     only when every fitness agrees)."""
-    import json
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    from safetensors.torch import load_file
-
     from evolm.es.engine import replay
 
-    root = Path(__file__).resolve().parents[1]
     out = tmp_path / "runs"
 
     def es(name, *extra):
-        cmd = [sys.executable, "-m", "evolm", "es", "--config", str(root / "configs" / "es-arithmetic.toml"),
-               "--set", 'es.perturbation="lowrank"', "--set", "es.params=['attention','mlp']", "--set", "es.iterations=2",
-               "--set", "es.population=4", "--set", "es.prompts_per_iteration=8", "--set", "es.sigma=0.02",
-               "--set", "eval.before_after=false", "--set", "probe.every=0", "--set", f'run.out_dir="{out}"',
-               "--set", f'run.name="{name}"', "--set", "run.progress=false", *extra]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        log = [json.loads(x) for x in (out / name / "seed_log.jsonl").read_text().splitlines()]
-        return log, load_file(str(out / name / "final" / "model.safetensors"))
+        log, final, _ = _es_cli(out, name, *extra)
+        return log, final
 
     lora_log, lora_final = es("lora", "--set", 'generation.backend="vllm"', "--set", "generation.vllm_enforce_eager=true",
                               "--set", "generation.vllm_kv_cache_gb=0.5", "--set", "generation.vllm_max_model_len=512")
@@ -265,31 +276,12 @@ def test_two_ray_actors_with_lora_populations_equal_one_engine_with_the_same_blo
     the same blocks (es.member_batch = 2) bit for bit: fitnesses, seed log and final weights, with members that
     differ and every update applied (a run that scored the base weights would have equal fitnesses)."""
     pytest.importorskip("ray")
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    from safetensors.torch import load_file
-
-    root = Path(__file__).resolve().parents[1]
     out = tmp_path / "runs"
 
     def es(name, *extra):
-        cmd = [sys.executable, "-m", "evolm", "es", "--config", str(root / "configs" / "es-arithmetic.toml"),
-               "--set", 'es.perturbation="lowrank"', "--set", "es.params=['attention','mlp']", "--set", "es.iterations=2",
-               "--set", "es.population=4", "--set", "es.prompts_per_iteration=8", "--set", "es.sigma=0.02",
-               "--set", "eval.before_after=false", "--set", "probe.every=0", "--set", f'run.out_dir="{out}"',
-               "--set", f'run.name="{name}"', "--set", "run.progress=false", "--set", "model.threads=1",
-               "--set", 'generation.backend="vllm"', "--set", "generation.vllm_enforce_eager=true",
-               "--set", "generation.vllm_kv_cache_gb=0.25", "--set", "generation.vllm_max_model_len=512", *extra]
-        env = {**os.environ, "RAY_memory_monitor_refresh_ms": "0"}
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=env)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        log = [json.loads(x) for x in (out / name / "seed_log.jsonl").read_text().splitlines()]
-        metrics = [json.loads(x) for x in (out / name / "metrics.jsonl").read_text().splitlines()]
-        return log, load_file(str(out / name / "final" / "model.safetensors")), metrics
+        return _es_cli(out, name, "--set", "model.threads=1", "--set", 'generation.backend="vllm"',
+                       "--set", "generation.vllm_enforce_eager=true", "--set", "generation.vllm_kv_cache_gb=0.25",
+                       "--set", "generation.vllm_max_model_len=512", *extra)
 
     one_log, one_final, _ = es("one", "--set", "es.member_batch=2")
     ray_log, ray_final, metrics = es("ray", "--set", "distributed.workers=2", "--set", "distributed.threads=1")
