@@ -156,17 +156,6 @@ def child(args) -> dict:
     return out
 
 
-def _device_name(device: str) -> str:
-    """What ran the figures, for the JSON (every figure names its device)."""
-    import platform
-
-    import torch
-
-    if device.startswith("cuda") and torch.cuda.is_available():
-        return torch.cuda.get_device_name(device)
-    return f"{platform.processor() or platform.machine()} ({os.cpu_count()} logical CPUs)"
-
-
 def _run_child(args, mode: str, n: int) -> dict:
     cmd = [sys.executable, __file__, "--child", mode, "--population", str(n)]
     for key in ("model", "shape", "device", "dtype", "threads", "prompts", "max_new_tokens", "batch_size", "rank",
@@ -210,7 +199,9 @@ def main() -> None:
         print(json.dumps(child(args)))
         return
     settings = {k: v for k, v in vars(args).items() if k not in ("child", "json", "population")}
-    results = {"settings": settings, "device_name": _device_name(args.device), "runs": []}
+    from gpu_check import device_name  # a sibling script (benchmarks/ is on sys.path when run as a script)
+
+    results = {"settings": settings, "device_name": device_name(args.device), "runs": []}
     t0 = time.perf_counter()
     for n in [int(x) for x in args.populations.split(",")]:
         row = {}

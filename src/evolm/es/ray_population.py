@@ -1,11 +1,11 @@
 """The Ray population: K Ray actors, each a model replica that scores ES members; seeds on the wire.
 
 ``RayPopulation`` implements the engine's population calls (``score``, ``apply_update``, plus
-``checkpointed`` and ``close``) over K actors. Each actor (``Replica``) is a ``LocalPopulation`` in its
-own process: it loads the model from the run's spec (or checkpoint), builds its ``Generator`` with
-``backends.make_generator`` from ``[generation]`` and then its ``ParamSet`` with the engine's
-``build_paramset`` (from the run's seed-log header on resume), as ``jobs.run_es`` does, and scores one
-member per call. ``jobs.run_es`` hands ``factory(...)`` to ``engine.train`` when
+``checkpointed`` and ``close``) over K actors. Each actor (``Replica``) is the engine's population
+(``engine.make_population``) in its own process: it loads the model from the run's spec (or checkpoint),
+builds its ``Generator`` with ``backends.make_generator`` from ``[generation]`` and then its ``ParamSet``
+with the engine's ``build_paramset`` (from the run's seed-log header on resume), as ``jobs.run_es`` does,
+and scores one member per call (a block of ``es.member_batch`` low-rank members). ``jobs.run_es`` hands ``factory(...)`` to ``engine.train`` when
 ``distributed.workers >= 2`` (this module sits beside ``population`` and ``engine`` and imports them,
 never the other way round).
 
@@ -156,7 +156,7 @@ from evolm.es import fused
 from evolm.checksum import tensor_checksum
 from evolm.es.engine import load_masters, save_masters, build_paramset, float32_model, make_population
 from evolm.es.params import within_bounds
-from evolm.es.population import NON_FINITE_WEIGHTS, LocalPopulation, MemberScores
+from evolm.es.population import NON_FINITE_WEIGHTS, MemberScores
 from evolm.es.update import Update
 from evolm.runs import load_weights, write_model_weights
 
@@ -325,7 +325,8 @@ class ReplicaRecipe:
 
 
 class Replica:
-    """One actor's state: a model replica behind a ``LocalPopulation``. Plain class; Ray wraps it.
+    """One actor's state: a model replica behind the population ``engine.make_population`` builds (a
+    ``LocalPopulation``, or a low-rank one that scores a block of members per call). Plain class; Ray wraps it.
 
     The generator is built first, then the ParamSet through ``build_paramset(..., generator)``, as in
     ``jobs.run_es``: with ``generation.backend = "vllm"`` the actor starts its own engine from its HF
@@ -368,7 +369,6 @@ class Replica:
             generator.close()
             raise
         self.population = make_population(cfg, params, generator, recipe.task)  # low-rank: a block in one call
-        self.hf = g.backend == "hf"
         self.fused = cfg.model.device == "cpu" and fused.kernel() is not None
         self.seconds_start = time.perf_counter() - t0
 
