@@ -225,6 +225,35 @@ def test_resume_refusals_are_one_line(tmp_path, tiny_dir, capsys):
         child.wait()
 
 
+@pytest.mark.parametrize("kind, where, resumed", [
+    ("es", "evolm.jobs.record_plugins", False),  # after open_run wrote "running", before the job's body
+    ("es", "evolm.jobs.restore_base_dir", True),  # inside open_run, just after a resume wrote "running"
+    ("grpo", "evolm.jobs.record_plugins", False),
+    ("pipeline", "evolm.pipeline.make_probe", False),
+])
+def test_a_signal_as_the_run_opens_is_recorded(tmp_path, tiny_dir, monkeypatch, capsys, kind, where, resumed):
+    """SIGTERM (or Ctrl-C) landing after run.json says "running" but before the job's outcome was being
+    recorded left the run "running" (CI caught it: a SIGTERM sent the moment a resume wrote "running")."""
+    from evolm import config
+    from evolm.errors import Terminated
+
+    cfg_path = write_config(kind, tmp_path / "c.toml", tiny_dir, tmp_path, "r")
+    run = tmp_path / "r"
+    if resumed:  # a run stopped before its first update
+        cfg = config.load(config.ESJob, cfg_path)
+        RunDir.create(tmp_path, "r", config.to_toml(cfg), kind="es").update_info(status="interrupted")
+
+    def terminated(*args, **kwargs):
+        assert RunDir(run).info()["status"] == "running"
+        raise Terminated("signal 15")
+
+    monkeypatch.setattr(where, terminated)
+    argv = [kind, "--resume", str(run)] if resumed else [kind, "--config", str(cfg_path)]
+    assert main(argv) == 143
+    assert "terminated (SIGTERM)" in capsys.readouterr().err
+    assert RunDir(run).info()["status"] == "interrupted"
+
+
 # -- GRPO ----------------------------------------------------------------------------------------------
 
 def test_grpo_survives_kills_mid_checkpoint_and_mid_update(tmp_path, tiny_dir):

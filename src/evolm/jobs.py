@@ -40,7 +40,9 @@ Design decisions:
 - ``marking_failures`` records how a run stopped: ``interrupted`` (Ctrl-C; SIGTERM, which the CLI
   turns into ``errors.Terminated``, a KeyboardInterrupt) or ``failed`` with the error, and the last
   step logged, so ``run.json`` never says ``running`` for a run that is not (also on a full disk:
-  ``RunDir.update_info`` falls back to an in-place write).
+  ``RunDir.update_info`` falls back to an in-place write). A job enters it before ``open_run``, with a
+  ``Marking`` that ``open_run`` fills in before it writes ``running``: a signal at that very moment is
+  recorded too (only kill -9 leaves ``running``, with a writer no longer alive, which a resume accepts).
 - ``tracking`` opens the experiment trackers of ``run.report_to`` (``evolm.trackers``) as a listener of
   the run directory, so every record ``log_metrics`` writes reaches them, and closes them with the
   run's outcome. A job prints its run directory as soon as it exists (its first line), so a killed
@@ -278,7 +280,7 @@ def base_record(cfg, model, injected: bool) -> dict:
 
 def open_run(cfg, kind: str, *, resume: RunDir | str | Path | None = None, run_dir: str | Path | None = None,
              info: dict | None = None, rules: Resumable | None = None, say: Say = print, model=None,
-             injected: bool = False) -> tuple[RunDir, Start]:
+             injected: bool = False, marking: Marking | None = None) -> tuple[RunDir, Start]:
     """Create the run directory (``run_dir``, default ``run.out_dir / run.name``) or reopen ``resume``
     (checked by ``resume_point`` with ``rules``). A resume of a run that has nothing left to do returns
     ``Start(done=True)`` and changes no file.
@@ -309,6 +311,8 @@ def open_run(cfg, kind: str, *, resume: RunDir | str | Path | None = None, run_d
         if kept is not None:
             say(f"[evolm] {kept.name}: the held-out evaluation of the weights before this resume (eval_after.json is "
                 "measured again when the run finishes)")
+        if marking is not None:  # from here on the caller's marking_failures records how the run stops
+            marking.run = run
         run.update_info(status="running", resumed_from_step=start.step, **this_process(),
                         **({"auto": cfg.auto_notes} if getattr(cfg, "auto_notes", None) else {}))
         if model is not None:
@@ -323,7 +327,11 @@ def open_run(cfg, kind: str, *, resume: RunDir | str | Path | None = None, run_d
     else:
         out_dir, name = Path(cfg.run.out_dir), cfg.run.name
     base = base_record(cfg, model, injected) if model is not None else None
+    if marking is not None and "{time}" not in name:  # create writes "running": marked from then on
+        marking.path = Path(out_dir) / name
     run = RunDir.create(out_dir, name, toml, kind=kind, info={"model": cfg.model.spec, "task": cfg.task.name, **(info or {})})
+    if marking is not None:
+        marking.run = run
     run.log_config("create", 0, resolved)
     if getattr(cfg, "auto_notes", None):  # what "auto" became on this machine (config.toml holds the values)
         run.update_info(auto=cfg.auto_notes)
@@ -367,12 +375,34 @@ def record_plugins(run: RunDir, task: Task) -> None:
         run.update_info(plugins=found)
 
 
+@dataclass
+class Marking:
+    """The run whose outcome a ``marking_failures`` block records. A job enters the block before it opens
+    its run and hands this to ``open_run``, which names the run here before ``run.json`` says "running":
+    a signal at any moment after that (a SIGTERM the instant a resume wrote "running") is recorded."""
+
+    run: RunDir | None = None
+    path: Path | None = None
+    """A run directory being created: its ``run.json`` (when written) is the one to mark."""
+
+    def target(self) -> RunDir | None:
+        if self.run is not None:
+            return self.run
+        if self.path is not None and (self.path / "run.json").exists():
+            return RunDir(self.path)
+        return None
+
+
 @contextlib.contextmanager
-def marking_failures(run: RunDir) -> Iterator[None]:
-    """Record in ``run.json`` how a run stopped when its body raises (and re-raise)."""
+def marking_failures(run: RunDir | Marking) -> Iterator[None]:
+    """Record in ``run.json`` how a run stopped when its body raises (and re-raise). ``run``: the run, or
+    a ``Marking`` that ``open_run`` fills in (nothing is recorded while it names no run)."""
     try:
         yield
     except BaseException as e:
+        run = run.target() if isinstance(run, Marking) else run
+        if run is None:
+            raise
         status = "interrupted" if isinstance(e, (KeyboardInterrupt, SystemExit)) else "failed"
         try:
             steps = [r["step"] for r in run.train_records()]
@@ -505,35 +535,37 @@ def run_es(cfg, resume=None, *, model=None, tokenizer=None, task: Task | None = 
         # (backends.actors_generate) the driver's generator is HF and each actor wraps its own engine's
         es_engine.check_memory(comps.model, cfg)  # masters and noise table beside the model: refused before allocating
         params = es_engine.build_paramset(comps.model, cfg, header, comps.generator)
-        run, start = open_run(cfg, es_engine.METHOD, resume=resume, run_dir=run_dir, rules=ES_RESUME, say=say,
-                              model=comps.model, injected=model is not None)
-        record_plugins(run, comps.task)
-        say(f"[evolm] run directory: {run.path}")
-        say(f"[evolm] {config_mod.parallelism(cfg)}")
-        for note in getattr(cfg, "auto_notes", []):  # the generation dtype "auto" chose (bf16 on CUDA and AMX CPUs)
-            if note.startswith("model.dtype = bfloat16"):
-                say(f"[evolm] {note}")
-        frees_driver = probe is None  # a probe handed in may read the driver's model: the driver keeps it
-        with marking_failures(run), tracking(cfg, run, es_engine.METHOD, start):
-            factory, measure = population_factory, None
-            if evaluator is None:
-                probe = start_measurements(cfg, comps, run, start, es_engine.METHOD, probe=probe, eval_before=eval_before,
-                                           say=say)
-            else:  # K Ray actors (evolm.es.ray_population): they need the model's source, and they measure the start
-                probe = run_probe(cfg, comps, probe)
-                factory = ray_population.factory(comps, run, checkpoint=start.checkpoint, header=header,
-                                                 injected=model is not None, placement=placement, evaluator=evaluator,
-                                                 free=frees_driver, say=say)
-                measure = functools.partial(measure_start, cfg, comps, run, start, es_engine.METHOD, probe=probe,
-                                            eval_before=eval_before, say=say)
-            try:
-                result = es_engine.train(cfg, comps, run, start, params, probe=probe, callbacks=callbacks, say=say,
-                                         quiet=quiet, population_factory=factory, on_population=measure)
-                finish_run(cfg, comps, run, es_engine.METHOD, result, probe=probe, say=say)
-            finally:
-                if evaluator is not None and evaluator.population is not None:  # it evaluated after training
-                    evaluator.population.close()
-                    evaluator.population = None
+        marking = Marking()  # entered before open_run writes "running": a signal from then on is recorded
+        with marking_failures(marking):
+            run, start = open_run(cfg, es_engine.METHOD, resume=resume, run_dir=run_dir, rules=ES_RESUME, say=say,
+                                  model=comps.model, injected=model is not None, marking=marking)
+            record_plugins(run, comps.task)
+            say(f"[evolm] run directory: {run.path}")
+            say(f"[evolm] {config_mod.parallelism(cfg)}")
+            for note in getattr(cfg, "auto_notes", []):  # the generation dtype "auto" chose (bf16 on CUDA and AMX CPUs)
+                if note.startswith("model.dtype = bfloat16"):
+                    say(f"[evolm] {note}")
+            frees_driver = probe is None  # a probe handed in may read the driver's model: the driver keeps it
+            with tracking(cfg, run, es_engine.METHOD, start):
+                factory, measure = population_factory, None
+                if evaluator is None:
+                    probe = start_measurements(cfg, comps, run, start, es_engine.METHOD, probe=probe, eval_before=eval_before,
+                                               say=say)
+                else:  # K Ray actors (evolm.es.ray_population): they need the model's source, and they measure the start
+                    probe = run_probe(cfg, comps, probe)
+                    factory = ray_population.factory(comps, run, checkpoint=start.checkpoint, header=header,
+                                                     injected=model is not None, placement=placement, evaluator=evaluator,
+                                                     free=frees_driver, say=say)
+                    measure = functools.partial(measure_start, cfg, comps, run, start, es_engine.METHOD, probe=probe,
+                                                eval_before=eval_before, say=say)
+                try:
+                    result = es_engine.train(cfg, comps, run, start, params, probe=probe, callbacks=callbacks, say=say,
+                                             quiet=quiet, population_factory=factory, on_population=measure)
+                    finish_run(cfg, comps, run, es_engine.METHOD, result, probe=probe, say=say)
+                finally:
+                    if evaluator is not None and evaluator.population is not None:  # it evaluated after training
+                        evaluator.population.close()
+                        evaluator.population = None
         if generator is None:  # built here: release it (a vLLM engine's processes)
             comps.generator.close()
     finally:
@@ -590,16 +622,20 @@ def run_grpo(cfg, resume=None, *, model=None, tokenizer=None, task: Task | None 
     examples = grpo.training_examples(cfg, comps.task)
     check_rewards(comps.task, comps.tokenizer)
     check_measurements(cfg, comps.task, probe_given=probe is not None)
-    run, start = open_run(cfg, grpo.METHOD, resume=resume, run_dir=run_dir, rules=GRPO_RESUME, say=say, model=comps.model,
-                          injected=model is not None or init_state_dict is not None)
-    grpo.check_resumable(start)
-    record_plugins(run, comps.task)
-    say(f"[evolm] run directory: {run.path}")
-    with marking_failures(run), tracking(cfg, run, grpo.METHOD, start):
-        probe = start_measurements(cfg, comps, run, start, grpo.METHOD, probe=probe, eval_before=eval_before, say=say)
-        result = grpo.train(cfg, comps, run, start, examples, probe=probe, callbacks=callbacks or [],
-                            fresh_start=model is not None or init_state_dict is not None, quiet=quiet)
-        finish_run(cfg, comps, run, grpo.METHOD, result, probe=probe, say=say)
+    marking = Marking()  # entered before open_run writes "running": a signal from then on is recorded
+    with marking_failures(marking):
+        run, start = open_run(cfg, grpo.METHOD, resume=resume, run_dir=run_dir, rules=GRPO_RESUME, say=say,
+                              model=comps.model, injected=model is not None or init_state_dict is not None,
+                              marking=marking)
+        grpo.check_resumable(start)
+        record_plugins(run, comps.task)
+        say(f"[evolm] run directory: {run.path}")
+        with tracking(cfg, run, grpo.METHOD, start):
+            probe = start_measurements(cfg, comps, run, start, grpo.METHOD, probe=probe, eval_before=eval_before,
+                                       say=say)
+            result = grpo.train(cfg, comps, run, start, examples, probe=probe, callbacks=callbacks or [],
+                                fresh_start=model is not None or init_state_dict is not None, quiet=quiet)
+            finish_run(cfg, comps, run, grpo.METHOD, result, probe=probe, say=say)
     return run
 
 

@@ -482,46 +482,48 @@ def run_pipeline(cfg: PipelineJob, resume=None, *, model=None, tokenizer=None, t
         _check_plan_on_resume(resume, plan)
         if jobs.resume_point(cfg, KIND, resume, RESUME).done:
             return jobs.open_run(cfg, KIND, resume=resume, rules=RESUME, say=say)[0]
-    run, _ = jobs.open_run(cfg, KIND, resume=resume, run_dir=run_dir, info={"plan": _plan_dicts(plan)}, rules=RESUME,
-                           say=say, model=comps.model, injected=model is not None)
-    if resume is not None and run.info().get("plan") != _plan_dicts(plan):
-        (run.path / "eval_after.json").unlink(missing_ok=True)
-    run.update_info(plan=_plan_dicts(plan))
-    say(f"[evolm] run directory: {run.path}")
-    say(f"[evolm] pipeline {run.path}: " + ", ".join(
-        f"{s.method} x {s.updates}" if s.target is None else f"{s.method} to {s.target:,.6g} {p.match} (at most {s.updates} updates)"
-        for s in plan) + f" ({p.budget} {p.match})")
-    if probe is None:
-        probe = make_probe(cfg, comps.tokenizer, comps.generator, comps.task)
-    stage_probe = StageProbe(probe) if probe is not None else None
+    marking = jobs.Marking()  # entered before open_run writes "running": a signal from then on is recorded
+    with jobs.marking_failures(marking):
+        run, _ = jobs.open_run(cfg, KIND, resume=resume, run_dir=run_dir, info={"plan": _plan_dicts(plan)}, rules=RESUME,
+                               say=say, model=comps.model, injected=model is not None, marking=marking)
+        if resume is not None and run.info().get("plan") != _plan_dicts(plan):
+            (run.path / "eval_after.json").unlink(missing_ok=True)
+        run.update_info(plan=_plan_dicts(plan))
+        say(f"[evolm] run directory: {run.path}")
+        say(f"[evolm] pipeline {run.path}: " + ", ".join(
+            f"{s.method} x {s.updates}" if s.target is None else f"{s.method} to {s.target:,.6g} {p.match} (at most {s.updates} updates)"
+            for s in plan) + f" ({p.budget} {p.match})")
+        if probe is None:
+            probe = make_probe(cfg, comps.tokenizer, comps.generator, comps.task)
+        stage_probe = StageProbe(probe) if probe is not None else None
 
-    with jobs.marking_failures(run), jobs.tracking(cfg, run, KIND, once=True):
-        first_state = RunDir(run.path / "stages" / plan[0].name).state()
-        if cfg.eval.before_after and not (run.path / "eval_before.json").exists():
-            if first_state != "absent":
-                raise UserError(f"{run.path}: eval_before.json is missing but stage {plan[0].name} has started; "
-                                "the starting weights are gone (set eval.before_after = false to continue)")
-            if eval_before is not None:
-                run.write_json("eval_before.json", eval_before)
-            else:
-                heldout_eval(cfg, comps.model, comps.tokenizer, comps.generator, comps.task, _NoLog(run), label="before",
-                             step=0, say=say)
+        with jobs.tracking(cfg, run, KIND, once=True):
+            first_state = RunDir(run.path / "stages" / plan[0].name).state()
+            if cfg.eval.before_after and not (run.path / "eval_before.json").exists():
+                if first_state != "absent":
+                    raise UserError(f"{run.path}: eval_before.json is missing but stage {plan[0].name} has started; "
+                                    "the starting weights are gone (set eval.before_after = false to continue)")
+                if eval_before is not None:
+                    run.write_json("eval_before.json", eval_before)
+                else:
+                    heldout_eval(cfg, comps.model, comps.tokenizer, comps.generator, comps.task, _NoLog(run), label="before",
+                                 step=0, say=say)
+                write_combined(run, plan)
+            _run_stages(cfg, run, plan, comps, stage_probe, dict(stage_callbacks or {}), on_stage_start, quiet, say)
+
+            totals = {f"{k}_total": 0 for k in TOTALS}
+            for r in combined_records(run.path, plan):
+                if r.get("kind") == "train":
+                    totals = {k: r[k] for k in totals}
+            steps = sum(stage_steps(run.path, s) for s in plan)  # = p.budget for a budget in updates
+            run.save_final(comps.model, comps.tokenizer, {"step": steps, "method": KIND, "plan": _plan_dicts(plan), **totals},
+                           dtype=cfg.run.save_dtype)
+            if cfg.eval.before_after and not (run.path / "eval_after.json").exists():
+                heldout_eval(cfg, comps.model, comps.tokenizer, comps.generator, comps.task, _NoLog(run), label="after",
+                             step=steps, say=say)
             write_combined(run, plan)
-        _run_stages(cfg, run, plan, comps, stage_probe, dict(stage_callbacks or {}), on_stage_start, quiet, say)
-
-        totals = {f"{k}_total": 0 for k in TOTALS}
-        for r in combined_records(run.path, plan):
-            if r.get("kind") == "train":
-                totals = {k: r[k] for k in totals}
-        steps = sum(stage_steps(run.path, s) for s in plan)  # = p.budget for a budget in updates
-        run.save_final(comps.model, comps.tokenizer, {"step": steps, "method": KIND, "plan": _plan_dicts(plan), **totals},
-                       dtype=cfg.run.save_dtype)
-        if cfg.eval.before_after and not (run.path / "eval_after.json").exists():
-            heldout_eval(cfg, comps.model, comps.tokenizer, comps.generator, comps.task, _NoLog(run), label="after",
-                         step=steps, say=say)
-        write_combined(run, plan)
-        plot_training(run)
-        run.finish(steps=steps, peak_rss_mb=peak_rss_mb(), weights=cfg.run.save, **totals)
+            plot_training(run)
+            run.finish(steps=steps, peak_rss_mb=peak_rss_mb(), weights=cfg.run.save, **totals)
     say(f"[evolm] pipeline done: {run.path} (final weights in {run.path / 'final'})")
     return run
 
