@@ -79,9 +79,11 @@ def test_vllm_inside_ray_actors_is_accepted_and_layouts_that_cannot_work_are_ref
     ray_vllm = ["distributed.workers=2", "generation.backend='vllm'"]
     config.from_dict(config.ESJob, {}, ray_vllm)
     config.from_dict(config.ESJob, {}, ["distributed.workers=1", "generation.backend='vllm'"])  # one process, one engine
+    config.from_dict(config.ESJob, {}, ray_vllm + ["generation.eval_backend='same'"])  # evaluated on the actors' engines
     with pytest.raises(config.ConfigError, match=r"generation.eval_backend='same' with generation.backend='vllm' and "
-                                                 r"distributed.workers=2: .*set generation.eval_backend='hf'"):
-        config.from_dict(config.ESJob, {}, ray_vllm + ["generation.eval_backend='same'"])
+                                                 r"distributed.workers=2 and es.perturbation='lowrank' .*not tested; set "
+                                                 r"generation.eval_backend='hf'"):
+        config.from_dict(config.ESJob, {}, ray_vllm + ["generation.eval_backend='same'", "es.perturbation='lowrank'"])
     with pytest.raises(config.ConfigError, match=r"model.device='cuda' .* GPU 0 beside the actors' engines; set model.device='cpu'"):
         config.from_dict(config.ESJob, {}, ray_vllm + ["model.device='cuda'", "distributed.gpus=1"])
     with pytest.raises(config.ConfigError, match=r"distributed.gpus=0.5 puts 2 vLLM engines on one GPU, each asking "

@@ -254,6 +254,25 @@ def test_bf16_run_keeps_its_masters_in_the_engine_and_checkpoints_resume_and_rep
     final = load_file(str(run / "final" / "model.safetensors"))
     assert all(final[n].dtype == torch.float32 and torch.equal(final[n], replayed[2][n]) for n in replayed[2] if n in final)
 
+    # one load, as a Ray actor starts: the HF model is only a structure on meta; the engine reads the spec's
+    # files, then the step-1 checkpoint's, the masters come from the checkpoint; it holds the replayed step 1
+    from evolm.checksum import tensor_checksum
+    from evolm.es.engine import build_paramset, load_masters, seed_log_header
+    from evolm.runs import RunDir
+
+    structure, tok = models.load_structure(models.DEFAULT_MODEL, dtype="bfloat16")
+    step1 = run / "checkpoints" / "step_000001"
+    generator = VLLMGenerator(structure, tok, threads=1, checkpoint=step1)
+    try:
+        params = build_paramset(structure, cfg, seed_log_header(RunDir(run).seed_log()), generator)
+        load_masters(params, step1, structure)
+        masters = [replayed[1][n] for n in params.names]
+        assert params.engine_checksums() == ([tensor_checksum(m) for m in masters]
+                                             + [tensor_checksum(m.to(torch.bfloat16)) for m in masters])
+        assert all(p.device.type == "meta" for p in structure.parameters()) and generator.pushes == 0
+    finally:
+        generator.close()
+
     resumed = tmp_path / "resumed"
     import shutil
 

@@ -10,11 +10,14 @@ Ray). One HF run, one local vLLM run and one K = 2 run of the same config, share
 engine start-ups in all (the local run's, then the two actors' side by side), on the embedded
 SmolLM2-135M in float32 at 2 updates of N = 4 members x 8 prompts x 8 greedy tokens. The task is the
 vowel-share toy task of conftest (a continuous reward: members whose completions differ score
-differently; arithmetic at 8 tokens scored every member 0), shipped to the actors by value.
+differently; arithmetic at 8 tokens scored every member 0), shipped to the actors by value. The two vLLM
+runs evaluate on their engines (``generation.eval_backend = "same"``, 4 problems before and after): the
+actors' tables must be the local run's, the driver must not generate, and it drops its copy of the weights.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -35,8 +38,11 @@ POPULATION = 4
 
 
 def _cfg(root: Path, name: str, backend: str, workers: int) -> config.ESJob:
+    # the vLLM runs evaluate on their engines (eval_backend "same"): the actors' tables must be the local run's
+    evals = (["generation.eval_backend='same'", "eval.before_after=true", "eval.count=4", "eval.n_samples=2",
+              "eval.k=[1, 2]", "eval.max_new_tokens=8"] if backend == "vllm" else ["eval.before_after=false"])
     sets = [f"run.out_dir='{root}'", f"run.name='{name}'", "run.progress=false", "run.checkpoint_every=0",
-            "eval.before_after=false", "probe.every=0", "model.threads=1", "generation.max_new_tokens=8",
+            *evals, "probe.every=0", "model.threads=1", "generation.max_new_tokens=8",
             f"es.iterations={ITERATIONS}", f"es.population={POPULATION}", "es.prompts_per_iteration=8",
             "es.sigma=0.02",  # members' greedy completions differ at 0.02 (at 1e-3 they all scored alike)
             f"es.noise_table_size={1 << 25}",  # >= the embedding's 28.3M entries; 134 MB per process, not 670 MB
@@ -45,23 +51,10 @@ def _cfg(root: Path, name: str, backend: str, workers: int) -> config.ESJob:
     return config.load(config.ESJob, ROOT / "configs" / "es-arithmetic.toml", sets)
 
 
-def _engine_processes() -> list:
-    """This process's descendant vLLM engine-core processes (the actors' engines while a Ray run is on)."""
-    import psutil
-
-    found = []
-    for child in psutil.Process().children(recursive=True):
-        try:
-            if "EngineCore" in child.name() or any("EngineCore" in part for part in child.cmdline()[:1]):
-                found.append(child)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    return found
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     from evolm.backends import vllm as vllm_backend
+    from evolm.backends.hf import HFGenerator
     from evolm.jobs import run_es
 
     from conftest import make_vowel_task
@@ -69,7 +62,7 @@ def runs(tmp_path_factory):
     os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")  # a shared machine's memory is not the test's (test_ray_population)
     root = tmp_path_factory.mktemp("vllm-ray")
     task = make_vowel_task()
-    out, seconds, engines = {}, {}, []
+    out, seconds = {}, {}
     for name, backend, workers in (("hf", "hf", 0), ("vllm", "vllm", 0)):
         t0 = time.perf_counter()
         out[name] = run_es(_cfg(root, name, backend, workers), task=task, quiet=True)
@@ -78,9 +71,8 @@ def runs(tmp_path_factory):
     def no_driver_engine(*args, **kwargs):
         raise AssertionError("the driver of a Ray population of vLLM actors started a vLLM engine")
 
-    def seen(step, record):  # after every update: an engine caught between two listings is still counted once
-        known = {p.pid for p in engines}
-        engines.extend(p for p in _engine_processes() if p.pid not in known)
+    def no_driver_generation(*args, **kwargs):
+        raise AssertionError("the driver generated: the vLLM actors evaluate (generation.eval_backend = 'same')")
 
     from evolm.es import ray_population
 
@@ -92,16 +84,18 @@ def runs(tmp_path_factory):
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(vllm_backend.VLLMGenerator, "__init__", no_driver_engine)  # the actors' processes are not patched
+        mp.setattr(HFGenerator, "generate", no_driver_generation)
         mp.setattr(ray_population, "factory", keeping)
         t0 = time.perf_counter()
-        out["ray"] = run_es(_cfg(root, "ray", "vllm", 2), task=task, quiet=True, callbacks=(seen,))
+        out["ray"] = run_es(_cfg(root, "ray", "vllm", 2), task=task, quiet=True)
         seconds["ray"] = time.perf_counter() - t0
     out["actors"] = [dict(info) for info in made[0]._info.values()]
     out["unwaited"] = made[0].unwaited
-    for name, run in ((k, v) for k, v in out.items() if k not in ("actors", "unwaited")):  # with -s: the figures docs/vllm.md quotes
+    out["remote"] = made[0].remote
+    for name, run in ((k, v) for k, v in out.items() if k not in ("actors", "unwaited", "remote")):  # with -s: the figures docs/vllm.md quotes
         per_update = [round(r["seconds"], 1) for r in _train(run)]
         print(f"\n[vllm-ray] {name}: {seconds[name]:.0f} s in all (start-up included), seconds per update {per_update}")
-    return out, engines
+    return out
 
 
 def _train(run: RunDir) -> list[dict]:
@@ -131,7 +125,7 @@ def test_the_members_differ_inside_the_actors_engines(runs):
     """The silent no-op this replaced: every actor's engine scored the base weights, so all N fitnesses
     of an update were equal and no update applied. Where the local vLLM run's members differ, the
     actors' must too."""
-    (out, _) = runs
+    out = runs
     local, ray = _train(out["vllm"]), _train(out["ray"])
     assert len(local) == len(ray) == ITERATIONS
     for mine, theirs in zip(ray, local):
@@ -141,41 +135,77 @@ def test_the_members_differ_inside_the_actors_engines(runs):
 
 
 def test_two_vllm_actors_reach_the_local_vllm_run_bit_for_bit(runs):
-    (out, _) = runs
+    out = runs
     _assert_same_run(out["ray"], out["vllm"])
 
 
 def test_two_vllm_actors_reach_the_hf_run_bit_for_bit(runs):
-    (out, _) = runs
+    out = runs
     _assert_same_run(out["ray"], out["hf"])
 
 
 def test_both_actors_scored_on_their_own_engines_and_released_them(runs):
-    (out, engines) = runs
+    out = runs
     records = _train(out["ray"])
     assert all(r["ray_actors"] == 2 and r["ray_restarts"] == 0 for r in records)
     assert all(sum(r["ray_members"].values()) == POPULATION for r in records)
     assert any(len(r["ray_members"]) == 2 for r in records)  # both actors took members
     assert all(r["gen_tokens"] > 0 for r in records)  # cost counters come back from the actors' engines
-    assert len(engines) == 2, engines  # one engine per actor while the run was on (none in the driver: patched out)
+    # one engine per actor, each reported by its actor (the listings after each update once missed one); none in
+    # the driver (patched out), and none outlives the run
+    reported = [set(info["engine_pids"]) for info in out["actors"]]
+    assert len(reported) == 2 and all(reported) and not reported[0] & reported[1], reported
+    pids = reported[0] | reported[1]
     deadline = time.time() + 30
-    while any(p.is_running() for p in engines) and time.time() < deadline:
+    while any(_alive(pid) for pid in pids) and time.time() < deadline:
         time.sleep(0.5)
-    assert not any(p.is_running() for p in engines), "an actor's vLLM engine outlived the run"
+    assert not any(_alive(pid) for pid in pids), "an actor's vLLM engine outlived the run"
 
 
-def test_each_actor_drops_its_hf_copy_once_its_engine_holds_the_weights(runs):
-    """An actor loads an HF copy to start its engine from, then drops it to ``meta``: the engine's weights are
-    the only ones it holds while it scores (bit-identical runs: the tests above)."""
-    (out, _) = runs
+def _alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_each_actor_loads_the_weights_once_into_its_engine(runs):
+    """An actor's HF model is a structure on ``meta`` (``models.load_structure``): its engine reads the weights
+    from the spec's files, the only copy it ever holds (bit-identical runs: the tests above). Before, it loaded
+    an HF copy to start its engine from, then dropped it."""
+    out = runs
     assert len(out["actors"]) == 2
     assert all(info["hf_copy_bytes"] == 0 for info in out["actors"]), out["actors"]
+    assert all(info["hf_loads"] == 0 for info in out["actors"]), out["actors"]  # one load: the engine's
+
+
+def test_the_actors_evaluate_on_their_engines_and_the_driver_holds_no_weights(runs):
+    """With ``generation.eval_backend = "same"`` the held-out evaluations before and after training run on the
+    actors' engines (the driver's generator is patched to fail), and their tables are the local vLLM run's
+    bit for bit; the driver dropped its copy (``final/`` was read from an actor: equal to the local run's,
+    ``_assert_same_run`` above). Before, eval_backend "same" was refused and the driver kept an HF copy."""
+    out = runs
+    assert out["remote"], "the driver kept its copy of the weights"
+    drop = ("seconds", "time")
+    for label in ("before", "after"):
+        mine, theirs = (json.loads((out[k].path / f"eval_{label}.json").read_text()) for k in ("ray", "vllm"))
+        assert mine["problems"] and _without(mine, drop) == _without(theirs, drop), label
+
+
+def _without(value, keys):
+    if isinstance(value, dict):
+        return {k: _without(v, keys) for k, v in value.items() if not any(t in k for t in keys)}
+    if isinstance(value, list):
+        return [_without(v, keys) for v in value]
+    return value
 
 
 def test_the_driver_sends_the_vllm_actors_updates_without_waiting(runs):
     """The engines report max |theta| (computed in their workers), so the driver's bound proves these updates
     finite and sends each without a round trip (it waited for every vLLM update before); the bit-identical runs
     above show the answers checked later agreed."""
-    (out, _) = runs
+    out = runs
     assert all(info["peaks"] is not None and len(info["peaks"]) > 0 for info in out["actors"])
     assert out["unwaited"] == ITERATIONS

@@ -204,7 +204,7 @@ class GenerationConfig:
     verify: Literal["off", "on", "auto"] = "off"
     """ES members on the hf backend, greedy: on decodes the centre's completions once per update and verifies every member against them (one teacher-forced forward; decoding resumes only from a member's first differing token), logging verify_identical / verify_prefix; auto does so and turns itself off for the rest of the run once an update's mean shared-prefix fraction is below 0.5. Same completions up to near-tie argmax rounding (docs/es.md)."""
     eval_backend: Literal["hf", "same"] = "hf"
-    """Backend of held-out evaluation and probes: hf (the reference: full-vocabulary token entropy) or same (the training backend; with vllm faster, but token entropy is not measured)."""
+    """Backend of held-out evaluation and probes: hf (the reference: full-vocabulary token entropy) or same (the training backend; with vllm faster, but token entropy is not measured). With vLLM Ray actors (distributed.workers >= 2), same evaluates on the actors' engines and the driver then holds no weights; hf keeps an HF copy on the driver to evaluate with."""
     vllm_kv_cache_gb: float | Literal["auto"] = "auto"
     """vllm: memory reserved for the engine's KV cache in GiB (RAM on CPU, GPU memory on CUDA), on top of its weights; 0: vLLM sizes it within vllm_gpu_memory_utilization (CUDA engines only). auto (backend vllm): a quarter of the available RAM per engine (CPU, at most 4) or of the free GPU memory per engine on a GPU here (CUDA, at most 16), rounded down to 0.25 GiB, at least 0.25; 0 for engines on GPUs this machine does not have (Ray actors with distributed.gpus); 1.0 with the hf backend (unused)."""
     vllm_max_model_len: int = 2048
@@ -460,9 +460,9 @@ class ESJob:
         g = self.generation
         if d.workers >= 2 and g.backend == "vllm":  # every actor perturbs inside its own engine; the driver holds none
             ray_vllm = f"generation.backend='vllm' and distributed.workers={d.workers}"
-            require(g.eval_backend == "hf",
-                    f"generation.eval_backend='same' with {ray_vllm}: the vLLM engines live in the actors, the driver "
-                    "holds none; set generation.eval_backend='hf' (held-out evaluation and probes on the driver's HF copy)")
+            require(g.eval_backend == "hf" or self.es.perturbation == "full",
+                    f"generation.eval_backend='same' with {ray_vllm} and es.perturbation='lowrank' (LoRA members) is "
+                    "not tested; set generation.eval_backend='hf' (held-out evaluation and probes on the driver's HF copy)")
             require(not self.model.device.startswith("cuda"),
                     f"model.device='{self.model.device}' with {ray_vllm} puts the driver's model on GPU 0 beside the "
                     "actors' engines; set model.device='cpu' (the driver's HF copy only evaluates and saves; each actor's "

@@ -300,6 +300,51 @@ def load(spec: str = DEFAULT_MODEL, dtype: str = "float32", threads: int | None 
     return model, tokenizer
 
 
+def weights_location(spec: str, revision: str = "") -> Path | None:
+    """The local directory holding ``spec``'s ``config.json`` and safetensors weights (a model directory, a
+    GGUF's converted copy, a hub model already in the local cache), or None when there is none on this
+    machine. Nothing is downloaded or converted here that ``load`` would not have made first."""
+    resolved = resolve(spec)
+    if resolved.kind == "hub":
+        try:
+            from huggingface_hub import snapshot_download
+
+            path = Path(snapshot_download(resolved.location, revision=revision or None, local_files_only=True))
+        except Exception:  # noqa: BLE001  (not cached: the caller loads the model instead)
+            return None
+    else:
+        path = Path(local_dir(spec))
+    return path if (path / "config.json").is_file() and any(path.glob("*.safetensors")) else None
+
+
+def load_structure(spec: str, dtype: str = "float32", revision: str = "", trust_remote_code: bool = False):
+    """``(model, tokenizer)`` like ``load``, with the model's parameters on the ``meta`` device: its
+    modules, names, shapes and dtype, no weights (a vLLM actor, whose engine loads the weights itself from
+    ``weights_location``, keeps only these). ``config._name_or_path`` is that directory. A ``UserError``
+    when ``spec`` has no local safetensors directory (``weights_location``)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    quiet_transformers()
+    location = weights_location(spec, revision)
+    if location is None:
+        raise UserError(f"model '{spec}' has no local safetensors directory to start an engine from; load it first")
+    extra = {"trust_remote_code": True} if trust_remote_code else {}
+    with unreadable_as_user_error(spec):
+        config = AutoConfig.from_pretrained(str(location), **extra)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype), **extra)
+        if (location / "generation_config.json").is_file():
+            model.generation_config = GenerationConfig.from_pretrained(str(location))
+        tokenizer = AutoTokenizer.from_pretrained(str(location), **extra)
+    model.config._name_or_path = str(location)
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model.eval()
+    return model, tokenizer
+
+
 def fingerprint(model) -> str:
     """A short content hash of a model's parameters (used to key generation caches)."""
     import torch

@@ -49,9 +49,10 @@ def heldout_backend(cfg) -> str:
 def make_generators(cfg, model, tokenizer) -> tuple[Generator, Generator]:
     """``(training generator, held-out generator)`` for a job config (the same object when both use one backend).
 
-    With vLLM actors (``actors_generate``) both are the HF backend (``eval_backend = "same"`` is refused
-    at validation): the members are scored in the actors' engines, so the driver starts no
-    engine of its own; its HF copy takes the updates, held-out evaluation, probes and the centre's score."""
+    With vLLM actors (``actors_generate``) both are the HF backend: the members are scored in the actors'
+    engines, so the driver starts no engine of its own; with ``eval_backend = "hf"`` its HF copy takes the
+    updates, held-out evaluation, probes and the centre's score, with ``"same"`` the actors evaluate
+    (``ray_population.ActorsOrDriver``) and the driver drops its copy once they are up."""
     g = cfg.generation
     if actors_generate(cfg):
         driver = make_generator("hf", model, tokenizer, g.batch_size, g.prefix_cache, cpu_matmul=g.cpu_matmul)

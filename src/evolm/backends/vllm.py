@@ -167,11 +167,17 @@ class VLLMGenerator(Generator):
 
     def __init__(self, model, tokenizer, *, threads: int = 1, kv_cache_gb: float = 1.0, enforce_eager: bool = False,
                  max_model_len: int = 2048, gpu_memory_utilization: float = 0.9, seed: int = 0, quiet: bool = True,
-                 lora_slots: int = 0, lora_rank: int = 0, tensor_parallel_size: int = 1):
+                 lora_slots: int = 0, lora_rank: int = 0, tensor_parallel_size: int = 1,
+                 checkpoint: str | Path | None = None):
         """``lora_slots``, ``lora_rank``: start the engine with multi-LoRA for low-rank ES members
         (``evolm.es.lora_population``): up to ``lora_slots`` adapters in one batch, each of rank ``lora_rank``
         (0: no LoRA, the engine vLLM starts by default). ``tensor_parallel_size``: vLLM's; each rank perturbs its
-        slice of every HF tensor (``evolm.shards``), its checksums compared with the driver's same slices."""
+        slice of every HF tensor (``evolm.shards``), its checksums compared with the driver's same slices.
+
+        ``model`` on the ``meta`` device (``models.load_structure``; a Ray actor): one load. The engine loads
+        the weights from ``config._name_or_path``'s files, then ``checkpoint``'s safetensors weights (read by
+        the workers), and the mapping is checked against the files' tensors, read one at a time
+        (``FileWeights``), instead of an HF copy's values."""
         from evolm.errors import UserError
 
         if not vllm_available():
@@ -183,10 +189,15 @@ class VLLMGenerator(Generator):
         self.tokenizer = tokenizer
         self.eos_ids = _eos_ids(model, tokenizer)
         self._paramset: EngineParamSet | None = None
+        self.meta = next(model.parameters()).device.type == "meta"
+        if checkpoint is not None and not self.meta:
+            raise ValueError("a checkpoint is loaded from its files only into an engine whose HF model is on meta")
         root = Path(cache_dir()) / "vllm"
         root.mkdir(parents=True, exist_ok=True)
         self.workdir = Path(tempfile.mkdtemp(prefix="engine-", dir=root))
         source = _weights_dir(model)
+        if source is None and self.meta:
+            raise ValueError("a model on meta needs its weights' directory (models.load_structure)")
         if source is None:  # no files of this model to start from (built in memory): write a copy once
             source = self.workdir / "model"
             model.save_pretrained(source, safe_serialization=True)
@@ -237,7 +248,14 @@ class VLLMGenerator(Generator):
         # it): those are pushed once; a mismatch after that is a layout the mapping gets wrong.
         self.tp = int(tensor_parallel_size)
         self._set_engine_sums(self.rpc("es_map", shapes))
-        if source != self.workdir / "model" and self._mismatched():
+        self.files = None
+        if self.meta:  # the engine's weights are the only ones: the spec's files, then the checkpoint's
+            self.files = FileWeights(model, [source] if checkpoint is None else [Path(checkpoint), source])
+            for path in self.files.weight_files(Path(checkpoint)) if checkpoint is not None else []:
+                self._set_engine_sums(self.rpc("es_load", str(path)))
+            if checkpoint is not None:
+                self.reset_prefix_cache()
+        elif source != self.workdir / "model" and self._mismatched():
             self.push_weights()
         self._check_mapping()
         self._synced = _signature(self._watched())
@@ -271,12 +289,15 @@ class VLLMGenerator(Generator):
         spec = shards.shard_spec(name, tuple(tensor.shape), head_dim)
         return {r: shards.local_slice(tensor.detach(), spec, r, self.tp) for r in range(self.tp)}
 
+    def _value(self, name: str) -> torch.Tensor:
+        """The HF tensor ``name`` the engine must hold: the driver's, or read from the files (one load)."""
+        return self.files.get(name) if self.meta else _hf_parameters(self.model)[name].detach()
+
     def _mismatched(self) -> list[str]:
-        params = _hf_parameters(self.model)
         if self.tp > 1:  # every rank's slice against the driver's same slice
             return [n for n in self._names if any(checksum(t) != self._engine_rank_sums[r][n]
-                                                  for r, t in self.rank_slices(n, params[n]).items())]
-        return [n for n in self._names if checksum(params[n].detach()) != self._engine_sums[n]]
+                                                  for r, t in self.rank_slices(n, self._value(n)).items())]
+        return [n for n in self._names if checksum(self._value(n)) != self._engine_sums[n]]
 
     def _check_mapping(self) -> None:
         wrong = self._mismatched()
@@ -321,6 +342,9 @@ class VLLMGenerator(Generator):
     def push_weights(self) -> None:
         """Copy every weight of the driver's model (and ES masters) into the engine: weights travel once."""
         from safetensors.torch import save_file
+
+        if self.meta:
+            raise RuntimeError("the HF model beside this engine has no weights (meta): nothing to push")
 
         state, seen = {}, set()
         for name, p in _hf_parameters(self.model).items():
@@ -490,6 +514,42 @@ def _eos_ids(model, tokenizer) -> set[int]:
     return ids
 
 
+class FileWeights:
+    """HF-named tensors read from safetensors files one at a time, as ``model`` (on ``meta``) holds them: cast
+    to its dtype, a tied name read under the name the files store; the first of ``directories`` that has a
+    name wins (a checkpoint before the spec's files). ``masters.safetensors`` is never read as weights."""
+
+    def __init__(self, model, directories: list[Path]):
+        self.dtype = next(model.parameters()).dtype
+        aliases: dict[int, list[str]] = {}
+        for name, p in model.named_parameters(remove_duplicate=False):
+            aliases.setdefault(id(p), []).append(name)
+        self.aliases = {name: aliases[id(p)] for name, p in model.named_parameters(remove_duplicate=False)}
+        from safetensors import safe_open
+
+        self.where: list[dict[str, Path]] = []  # per directory, in order: stored name -> its file
+        for directory in directories:
+            found: dict[str, Path] = {}
+            for path in self.weight_files(directory):
+                with safe_open(str(path), framework="pt") as f:
+                    found.update({k: path for k in f.keys()})
+            self.where.append(found)
+
+    @staticmethod
+    def weight_files(directory: Path) -> list[Path]:
+        return [f for f in sorted(Path(directory).glob("*.safetensors")) if f.name != "masters.safetensors"]
+
+    def get(self, name: str) -> torch.Tensor:
+        from safetensors import safe_open
+
+        for found in self.where:
+            stored = next((a for a in self.aliases[name] if a in found), None)
+            if stored is not None:
+                with safe_open(str(found[stored]), framework="pt") as f:
+                    return f.get_tensor(stored).to(self.dtype)
+        raise RuntimeError(f"no safetensors file holds {name} (nor a name tied to it)")
+
+
 class EngineParamSet:
     """A ``ParamSet`` look-alike whose perturbations happen in the vLLM workers and whose updates go to
     both the workers and the driver's model (``local``, an ordinary ParamSet), checked equal."""
@@ -543,9 +603,12 @@ class EngineParamSet:
 
     def load_masters(self, state: dict[str, torch.Tensor]) -> None:
         """Masters in the engine: set the driver's weights to the cast of ``state`` (a checkpoint's masters, on
-        resume) and send the masters to the workers now; the weights follow with the next ``sync_weights``."""
-        for k, name in enumerate(self.names):
-            self.local.tensors[k].copy_(state[name].to(torch.float32).view_as(self.local.tensors[k]))
+        resume) and send the masters to the workers now; the weights follow with the next ``sync_weights``.
+        One load (an HF model on meta): the workers loaded the checkpoint's weights from its files already, and
+        the masters they now hold are checked against ``state``."""
+        if not self.generator.meta:
+            for k, name in enumerate(self.names):
+                self.local.tensors[k].copy_(state[name].to(torch.float32).view_as(self.local.tensors[k]))
         from safetensors.torch import save_file
 
         path = self.generator.workdir / "masters-in.safetensors"
@@ -554,6 +617,8 @@ class EngineParamSet:
             self.generator.rpc("es_load", str(path))
         finally:
             path.unlink(missing_ok=True)
+        if self.generator.meta and self.worker_masters_sum() != selected_sum(state[n].to(torch.float32) for n in self.names):
+            raise RuntimeError("the vLLM workers' float32 masters are not the checkpoint's")
 
     @property
     def numel(self) -> int:
@@ -624,7 +689,11 @@ class EngineParamSet:
     def local_sum(self) -> int:
         """What ``worker_masters_sum`` must equal: the driver's masters, or, when the masters live in the
         engine, the driver's weights cast up (one tensor at a time), or the float32 weights themselves."""
-        local = self.local
+        local, gen = self.local, self.generator
+        if gen.meta:  # one load: what the files say the weights are, read one tensor at a time
+            if gen.tp > 1:
+                return {r: selected_sum([gen.rank_slices(n, gen.files.get(n))[r] for n in self.names]) for r in range(gen.tp)}
+            return selected_sum((gen.files.get(n) for n in self.names), torch.float32 if self.masters_in_engine else None)
         if self.generator.tp > 1:  # float32 only (validation): each rank's slices of the driver's weights
             slices = [self.generator.rank_slices(n, t) for n, t in zip(self.names, local.tensors)]
             return {r: selected_sum([s[r] for s in slices]) for r in range(self.generator.tp)}

@@ -22,17 +22,18 @@ Design decisions:
   finished one and that actor takes the next unscored member. Fitnesses are stored by member index. One
   scheduler (``_schedule``: send to free actors, collect, replace the dead, resend their work) serves the
   members (``score``) and an evaluation's generator calls (``generate_many``) alike.
-- **The driver keeps the record, the actors keep the weights (HF actors).** Once the actors are up and agree
+- **The driver keeps the record, the actors keep the weights (HF actors; vLLM actors that evaluate, with
+  ``generation.eval_backend = "same"``).** Once the actors are up and agree
   (checksums, actor 0's the reference), ``free_driver`` moves the driver's model, the ParamSet's tensors
   and its masters to the ``meta`` device (``jobs.run_es`` asks for it unless a probe function was handed in,
   which may read the model): no replica on the driver, only the seed log, the noise and the shapes.
   Checkpoints, ``masters.safetensors`` and ``final/`` are written by the driver from one actor's tensors
   (the live actor with the lowest id), fetched tensor by tensor in pieces of at most ``PIECE_BYTES``
-  (``Replica.piece``) and streamed into the files by ``evolm.streamsave`` (``fetch``; the names, shapes and
+  (``Replica.piece``; a vLLM actor reads them from its engine's worker, ``es_piece``) and streamed into the files by ``evolm.streamsave`` (``fetch``; the names, shapes and
   tied aliases were taken from the real model before it left), so the files are byte for byte a
   one-process run's (tested, float32 and bfloat16 with masters). The seed log header is written before the
   population starts. If every actor dies during an update the run stops (resume it).
-- **Otherwise (vLLM actors, a probe handed in) the driver keeps a copy it brings up to date only when it
+- **Otherwise (vLLM actors evaluating on the driver, a probe handed in) the driver keeps a copy it brings up to date only when it
   reads it.** An update goes to the actors and is queued on the driver's ``ParamSet`` (``defer_update``),
   so an iteration costs the actors' in-place step, not a CPU pass over the driver's copy beside them.
   Before the driver's weights are read — checkpoints, probes, ``es.eval_center_every``, ``final/`` and
@@ -72,13 +73,15 @@ Design decisions:
   when the driver catches up, the driver's copy is. Any difference stops the run with a one-line
   ``DistributedError`` naming the actor and the first differing tensor.
 - **vLLM actors** (``generation.backend = "vllm"``, ``backends.actors_generate``). Each actor starts
-  its own engine from its HF copy and ``build_paramset`` wraps the ParamSet into it
-  (``EngineParamSet``), so a member is perturbed inside the engine that generates it, exactly as in a
-  single-process vLLM run; once the engine is up (and any replay done) the actor drops its HF copy to
-  ``meta`` (``VLLMGenerator.release_hf_copy``; it would only queue updates from then on). The checksums
+  its own engine, which loads the weights once from the spec's files and the checkpoint's (the actor's HF
+  model is a structure on ``meta``: ``models.load_structure``; a spec without local safetensors files is
+  loaded into an HF copy first, dropped to ``meta`` once the engine is up), and ``build_paramset`` wraps
+  the ParamSet into it (``EngineParamSet``), so a member is perturbed inside the engine that generates it,
+  exactly as in a single-process vLLM run. The checksums
   the actor reports are computed inside the engine's worker on the engine's own tensors (``EngineParamSet.engine_checksums``), not on the actor's HF mirror. The
-  driver starts no engine (``backends.make_generators``): its HF copy (brought up to date by ``sync``) runs
-  held-out evaluation and probes (``generation.eval_backend = "hf"``; ``"same"`` is refused). On CUDA
+  driver starts no engine (``backends.make_generators``): with ``generation.eval_backend = "same"`` the
+  actors' engines run held-out evaluation and probes and the driver drops its copy (above); with ``"hf"``
+  its HF copy (brought up to date by ``sync``) runs them. On CUDA
   each engine takes the GPU(s) Ray reserves (``distributed.gpus``) and the driver's model stays on the
   CPU (``model.device = "cuda"`` is refused so the driver cannot take GPU 0). ``close`` asks every
   actor to shut its generator down (an engine's processes) before killing it.
@@ -329,9 +332,12 @@ class Replica:
     ``LocalPopulation``, or a low-rank one that scores a block of members per call). Plain class; Ray wraps it.
 
     The generator is built first, then the ParamSet through ``build_paramset(..., generator)``, as in
-    ``jobs.run_es``: with ``generation.backend = "vllm"`` the actor starts its own engine from its HF
-    copy (at the checkpoint's weights) and the ParamSet wraps into the engine's (``attach_paramset``),
-    so members are perturbed where they are generated, and the checksums it reports are the engine's."""
+    ``jobs.run_es``: with ``generation.backend = "vllm"`` the actor starts its own engine and the ParamSet
+    wraps into the engine's (``attach_paramset``), so members are perturbed where they are generated, and
+    the checksums it reports are the engine's. The weights are loaded once, by the engine, from the spec's
+    safetensors files and then the checkpoint's (its HF model is only a structure on ``meta``:
+    ``models.load_structure``); a spec without local safetensors files (a hub model not in this node's cache)
+    is loaded into an HF copy first, which the engine starts from and the actor then drops."""
 
     def __init__(self, recipe: ReplicaRecipe):
         t0 = time.perf_counter()
@@ -342,16 +348,24 @@ class Replica:
         torch.set_num_threads(recipe.threads)
         cfg = recipe.cfg
         g = cfg.generation
+        revision = cfg.model.revision if recipe.spec == cfg.model.spec else ""
+        engine = {**engine_options(cfg), "threads": recipe.threads}
+        one_load = g.backend == "vllm" and models.weights_location(recipe.spec, revision) is not None
         if g.backend == "vllm":
             _check_engine_device(cfg)
-        model, tokenizer = models.load(recipe.spec, dtype=cfg.model.dtype, threads=recipe.threads, device=cfg.model.device,
-                                       revision=cfg.model.revision if recipe.spec == cfg.model.spec else "",
-                                       trust_remote_code=cfg.model.trust_remote_code)
-        if recipe.checkpoint:
-            load_weights(model, Path(recipe.checkpoint))
+        if one_load:  # the engine loads the weights (the spec's files, then the checkpoint's); the HF model is on meta
+            model, tokenizer = models.load_structure(recipe.spec, dtype=cfg.model.dtype, revision=revision,
+                                                     trust_remote_code=cfg.model.trust_remote_code)
+            engine["checkpoint"] = recipe.checkpoint
+        else:
+            model, tokenizer = models.load(recipe.spec, dtype=cfg.model.dtype, threads=recipe.threads, device=cfg.model.device,
+                                           revision=revision, trust_remote_code=cfg.model.trust_remote_code)
+            if recipe.checkpoint:
+                load_weights(model, Path(recipe.checkpoint))
+        self.hf_loads = 0 if one_load else 1  # times the actor read the weights into an HF model (ready() reports it)
         # a vLLM engine starts from these weights, with the actor's thread count
         generator = make_generator(g.backend, model, tokenizer, g.batch_size, g.prefix_cache, cpu_matmul=g.cpu_matmul,
-                                   **{**engine_options(cfg), "threads": recipe.threads})
+                                   **engine)
         self.generator = generator
         self.model = model
         try:
@@ -379,7 +393,24 @@ class Replica:
         return {"pid": os.getpid(), "host": socket.gethostname(), "node": _node_id(), "threads": self.threads,
                 "fused": self.fused, "checksum": weights_checksum(params), "seconds_start": self.seconds_start,
                 "peaks": params.peaks(),  # HF: read here; vLLM: in the engine's worker
-                "hf_copy_bytes": sum(p.numel() * p.element_size() for p in self.model.parameters() if p.device.type != "meta")}
+                "hf_copy_bytes": sum(p.numel() * p.element_size() for p in self.model.parameters() if p.device.type != "meta"),
+                "hf_loads": self.hf_loads, "engine_pids": self._engine_pids()}
+
+    def _engine_pids(self) -> list[int]:
+        """The pids of this actor's vLLM engine-core processes (none for HF): tests check that each actor has its
+        own and that none outlives the run."""
+        if not hasattr(self.generator, "rpc"):
+            return []
+        import psutil
+
+        found = []
+        for child in psutil.Process().children(recursive=True):
+            try:
+                if any("EngineCore" in part for part in (child.name(), *child.cmdline()[:1])):
+                    found.append(child.pid)
+            except psutil.Error:
+                continue
+        return found
 
     def score(self, iteration: int, members: list[tuple[int, int]], sigma: float, batch) -> dict:
         """Score a block of members ``(direction, sign)``: one member of a full-rank population, a block of a
@@ -403,6 +434,10 @@ class Replica:
         (``masters.safetensors``). The driver assembles a checkpoint or ``final/`` from these, a bounded
         piece at a time (``RayPopulation.fetch``)."""
         params = self.population.params
+        if kind != "tensor" and hasattr(self.generator, "rpc"):  # a vLLM actor: from its engine (TP 1: validation)
+            from safetensors.torch import load
+
+            return load(self.generator.rpc("es_piece", kind, name, start, stop)[0])["piece"]
         if kind == "master":
             tensor = dict(zip(params.names, params.masters or []))[name]
         elif kind == "tensor":  # a selected tensor as generation reads it (a replacement copies these and the masters)
@@ -645,7 +680,8 @@ class RayPopulation:
         self.placement = placement = placement or reserve(cfg, say)
         threads = placement.threads
         self._names = checksum_names(params)
-        self._evaluates = cfg.generation.backend == "hf" and heldout_backend(cfg) == "hf"
+        self._evaluates = heldout_backend(cfg) == cfg.generation.backend  # HF actors; vLLM ones with eval_backend "same"
+        self._copies = cfg.generation.backend == "hf"  # a replacement copies a live actor's tensors (vLLM: replays)
         self.outlives_train = False  # True: jobs.run_es closes it, after the evaluation after training (on the actors)
         uses_fused = cfg.model.device == "cpu" and fused.kernel() is not None  # built here, before any actor
         self._recipe = ReplicaRecipe(cfg=cfg, spec=spec, checkpoint=checkpoint, header=header, task=task,
@@ -705,7 +741,7 @@ class RayPopulation:
         then the live actor's selected tensors (and masters) copied in (``_copy_weights``), no replay."""
         aid = self._next_id
         self._next_id += 1
-        copy = not self._initial and self._evaluates and bool(self._actors)
+        copy = not self._initial and self._evaluates and self._copies and bool(self._actors)
         recipe = replace(self._recipe, replay=[] if copy else list(self._replay))
         handle = self._actor_class.remote(recipe)
         if copy:
@@ -968,8 +1004,9 @@ class RayPopulation:
     # -- evaluation where the weights are ------------------------------------------------------------
     @property
     def evaluates(self) -> bool:
-        """Whether the actors take the driver's evaluations (held-out, probes, the centre's score): HF actors,
-        whose generator is the one the driver would evaluate with (vLLM actors: the driver's HF copy does)."""
+        """Whether the actors take the driver's evaluations (held-out, probes, the centre's score): when their
+        generator is the backend the driver would evaluate with (HF actors; vLLM actors with
+        ``generation.eval_backend = "same"``; with "hf" the driver's HF copy evaluates)."""
         return self._evaluates
 
     def generate(self, prompts: list[str], sampling) -> list:

@@ -273,24 +273,42 @@ class ESWorkerExtension:
         return {n: digest(self._es_views[n]) for n in (names or list(self._es_views))}
 
     @torch.no_grad()
-    def es_load(self, path: str) -> dict[str, int]:
-        """Copy HF-named tensors from a safetensors file into the engine (``masters.<name>`` entries
-        replace the ParamSet's float32 masters); return the new checksums."""
-        from safetensors.torch import load_file
+    def es_piece(self, kind: str, name: str, start: int, stop: int):
+        """Elements ``start:stop`` of one stored tensor, flattened, on the CPU (``ray_population.Replica.piece``
+        of a vLLM actor): "master" the float32 master of selected tensor ``name``; "weights" what a save writes
+        under ``name`` (that master in place of a lower-precision selected tensor, else the live weights). As
+        safetensors bytes: vLLM's RPC serialises a returned tensor as a list."""
+        from safetensors.torch import save
 
-        state = load_file(path)
         p = self._es_params
-        for name, value in state.items():
-            if name.startswith("masters."):
-                if p is not None and p.masters is not None:
-                    master = p.masters[p.names.index(name[len("masters."):])]
-                    master.copy_(value.view_as(master))
-                continue
-            view = self._es_views[name]
-            if self._es_indices is not None:  # a TP shard: this rank's elements of the full tensor
-                value = value.reshape(-1)[self._es_indices[name]].view_as(view)
-            view.copy_(value.to(view.dtype))
+        masters = dict(zip(p.names, p.masters)) if p.masters is not None else {}
+        tensor = masters[name] if kind == "master" or name in masters else self._es_views[name]
+        return save({"piece": tensor.detach().reshape(-1)[start:stop].to("cpu", copy=True)})
+
+    def es_load(self, path: str) -> dict[str, int]:
+        """Copy HF-named tensors from a safetensors file into the engine, one tensor at a time (``masters.<name>``
+        entries replace the ParamSet's float32 masters; names the engine does not map, such as a checkpoint's
+        buffers, are skipped: the caller checks every mapped tensor afterwards); return the new checksums."""
+        from safetensors import safe_open
+
+        p = self._es_params
+        with safe_open(path, framework="pt") as f:
+            for name in f.keys():
+                self._es_load_one(p, name, f.get_tensor(name))
         return self.es_checksums()
+
+    def _es_load_one(self, p, name: str, value) -> None:
+        if name.startswith("masters."):
+            if p is not None and p.masters is not None:
+                master = p.masters[p.names.index(name[len("masters."):])]
+                master.copy_(value.view_as(master))
+            return
+        view = self._es_views.get(name)
+        if view is None:
+            return
+        if self._es_indices is not None:  # a TP shard: this rank's elements of the full tensor
+            value = value.reshape(-1)[self._es_indices[name]].view_as(view)
+        view.copy_(value.to(view.dtype))
 
     # -- low-rank members as LoRA adapters (es.perturbation = "lowrank"; evolm.es.lora_population) --------
     def _es_lora_manager(self):
