@@ -96,3 +96,37 @@ def test_real_gguf_conversion_matches_the_cached_default(tmp_path, monkeypatch):
     model, tok = models.load(models.DEFAULT_MODEL)
     assert sum(p.numel() for p in model.parameters()) == 134_515_008
     assert next(model.parameters()).dtype == torch.float32 and tok.chat_template
+
+
+def test_a_structure_on_meta_names_the_local_weights_directory_of_a_directory_and_a_cached_hub_id(tmp_path, tokenizer,
+                                                                                                  monkeypatch):
+    """``load_structure`` (a vLLM actor's model: its engine loads the weights) has the loaded model's names, shapes,
+    dtype and ties, no weights, and points at the safetensors directory: a model directory, or a hub id's snapshot
+    in the local hub cache (the same layout huggingface_hub writes, built here by hand); an uncached hub id has
+    none (the actor then loads an HF copy)."""
+    model, path = _save_tiny(tmp_path, tokenizer)
+    loaded, _ = models.load(str(path), dtype="bfloat16")
+    structure, tok = models.load_structure(str(path), dtype="bfloat16")
+    assert models.weights_location(str(path)) == path
+    assert all(p.device.type == "meta" and p.dtype == torch.bfloat16 for p in structure.parameters())
+    shapes = lambda m: [(n, tuple(p.shape)) for n, p in m.named_parameters(remove_duplicate=False)]  # noqa: E731
+    assert shapes(structure) == shapes(loaded) and structure.config._name_or_path == str(path)
+    assert tok.padding_side == "left" and tok.pad_token is not None
+
+    cache = tmp_path / "hub"
+    snapshot = cache / "models--someone--tiny" / "snapshots" / ("0" * 40)
+    snapshot.parent.mkdir(parents=True)
+    import shutil
+
+    shutil.copytree(path, snapshot)
+    (cache / "models--someone--tiny" / "refs").mkdir()
+    (cache / "models--someone--tiny" / "refs" / "main").write_text("0" * 40)
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import huggingface_hub.constants as hub_constants
+
+    monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(cache))
+    assert models.weights_location("someone/tiny") == snapshot
+    assert models.weights_location("someone/absent") is None
+    with pytest.raises(UserError, match="no local safetensors directory"):
+        models.load_structure("someone/absent")

@@ -6,8 +6,8 @@ perturbed its HF copy while its engine scored the base weights: every member equ
 "zero"), so besides bit-identical weights the module checks that the actors' members differ.
 
 Marked ``vllm`` and ``ray``; skipped where either is missing, run by ``make test-vllm`` (.venv-vllm has
-Ray). One HF run, one local vLLM run and one K = 2 run of the same config, shared by the module: three
-engine start-ups in all (the local run's, then the two actors' side by side), on the embedded
+Ray). One HF run, one local vLLM run and two K = 2 runs of the same config (the second with an actor
+killed after update 1), shared by the module: six engine start-ups in all, on the embedded
 SmolLM2-135M in float32 at 2 updates of N = 4 members x 8 prompts x 8 greedy tokens. The task is the
 vowel-share toy task of conftest (a continuous reward: members whose completions differ score
 differently; arithmetic at 8 tokens scored every member 0), shipped to the actors by value. The two vLLM
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -89,10 +90,19 @@ def runs(tmp_path_factory):
         t0 = time.perf_counter()
         out["ray"] = run_es(_cfg(root, "ray", "vllm", 2), task=task, quiet=True)
         seconds["ray"] = time.perf_counter() - t0
+
+        def kill_an_actor(step, record):  # after update 1: SIGKILL the second actor (its engine dies with it)
+            if step == 1:
+                os.kill(max(made[-1]._info.values(), key=lambda info: info["pid"])["pid"], signal.SIGKILL)
+
+        t0 = time.perf_counter()
+        out["killed"] = run_es(_cfg(root, "killed", "vllm", 2), task=task, quiet=True, callbacks=(kill_an_actor,))
+        seconds["killed"] = time.perf_counter() - t0
+    out["replaced"] = made[1].copied, made[1].replayed, made[1].restarts
     out["actors"] = [dict(info) for info in made[0]._info.values()]
     out["unwaited"] = made[0].unwaited
     out["remote"] = made[0].remote
-    for name, run in ((k, v) for k, v in out.items() if k not in ("actors", "unwaited", "remote")):  # with -s: the figures docs/vllm.md quotes
+    for name, run in ((k, v) for k, v in out.items() if k not in ("actors", "unwaited", "remote", "replaced")):  # with -s: the figures docs/vllm.md quotes
         per_update = [round(r["seconds"], 1) for r in _train(run)]
         print(f"\n[vllm-ray] {name}: {seconds[name]:.0f} s in all (start-up included), seconds per update {per_update}")
     return out
@@ -200,6 +210,19 @@ def _without(value, keys):
     if isinstance(value, list):
         return [_without(v, keys) for v in value]
     return value
+
+
+def test_a_killed_vllm_actor_is_replaced_by_copying_a_live_ones_engine_and_the_run_is_unchanged(runs):
+    """An actor killed after update 1 is replaced; the replacement's engine loads the spec and then receives the
+    live actor's selected tensors from its engine (``es_piece`` -> ``es_put``), replaying nothing (vLLM
+    replacements replayed every update since the newest checkpoint before). Weights, fitnesses, seed log and
+    the held-out table after training are the uninterrupted local run's."""
+    out = runs
+    copied, replayed, restarts = out["replaced"]
+    assert (copied, replayed, restarts) == (1, 0, 1), out["replaced"]
+    _assert_same_run(out["killed"], out["vllm"])
+    mine, theirs = (json.loads((out[k].path / "eval_after.json").read_text()) for k in ("killed", "vllm"))
+    assert _without(mine, ("seconds", "time")) == _without(theirs, ("seconds", "time"))
 
 
 def test_the_driver_sends_the_vllm_actors_updates_without_waiting(runs):

@@ -94,12 +94,13 @@ Design decisions:
 - **Faults.** An actor that dies (process killed, Ray's memory monitor, node lost; at start-up too,
   unless its own ``__init__`` raised, which is a setup error and stops the run) is replaced, up to
   ``distributed.max_restarts`` times per run, and its unfinished member goes back to the queue; past
-  the budget it is dropped and the others carry on. A replacement of an HF actor loads the same spec
-  (or checkpoint) and then receives a live actor's selected tensors and float32 masters, a piece of at
-  most ``PIECE_BYTES`` at a time from actor to actor through Ray's object store (``_copy_weights``; the
+  the budget it is dropped and the others carry on. A replacement loads the same spec (or checkpoint)
+  and then receives a live actor's selected tensors and float32 masters, a piece of at most
+  ``PIECE_BYTES`` at a time from actor to actor through Ray's object store (``_copy_weights``; the
   driver waits meanwhile, one piece in flight, which it also reads to learn the source is alive), so it
-  replays nothing. A vLLM actor's replacement (or one with no live actor to copy) loads the same spec, or
-  the newest checkpoint the driver wrote, and replays the updates applied since (the seed log's
+  replays nothing; vLLM actors read the pieces from their engine's worker and write each tensor, once
+  whole, into it (``es_piece``, ``es_put``). One with no live actor to copy loads the same spec, or the
+  newest checkpoint the driver wrote, and replays the updates applied since (the seed log's
   coefficients and scales, kept in memory).
   Either way it must report the other actors' checksums before it takes work; the records count
   ``ray_copied`` and ``ray_replayed`` (updates replayed by replacements). Before an update is sent, replacements still loading are waited for, so every
@@ -383,6 +384,7 @@ class Replica:
             generator.close()
             raise
         self.population = make_population(cfg, params, generator, recipe.task)  # low-rank: a block in one call
+        self._incoming: dict[tuple[str, str], torch.Tensor] = {}  # a vLLM actor's pieces being copied in (put_piece)
         self.fused = cfg.model.device == "cpu" and fused.kernel() is not None
         self.seconds_start = time.perf_counter() - t0
 
@@ -434,7 +436,7 @@ class Replica:
         (``masters.safetensors``). The driver assembles a checkpoint or ``final/`` from these, a bounded
         piece at a time (``RayPopulation.fetch``)."""
         params = self.population.params
-        if kind != "tensor" and hasattr(self.generator, "rpc"):  # a vLLM actor: from its engine (TP 1: validation)
+        if hasattr(self.generator, "rpc"):  # a vLLM actor: from its engine's worker (TP 1: validation)
             from safetensors.torch import load
 
             return load(self.generator.rpc("es_piece", kind, name, start, stop)[0])["piece"]
@@ -458,6 +460,15 @@ class Replica:
         """Write a piece another actor's ``piece`` returned ("tensor" or "master") into this replica."""
         params = self.population.params
         k = params.names.index(name)
+        if hasattr(self.generator, "rpc"):  # a vLLM actor: a whole tensor at a time into its engine's worker
+            from safetensors.torch import save
+
+            numel = params.tensors[k].numel()
+            whole = self._incoming.setdefault((kind, name), torch.empty(numel, dtype=values.dtype))
+            whole[start:start + values.numel()] = values
+            if start + values.numel() == numel:
+                self.generator.rpc("es_put", kind, name, save({"piece": self._incoming.pop((kind, name))}))
+            return values.numel()
         target = params.masters[k] if kind == "master" else params.tensors[k]
         target.view(-1)[start:start + values.numel()].copy_(values.to(target.dtype))
         return values.numel()
@@ -465,6 +476,8 @@ class Replica:
     def copied(self) -> dict:
         """After the pieces: the generator sees the new weights; what ``ready`` reports."""
         self.generator.sync_weights()
+        if hasattr(self.generator, "rpc"):  # a vLLM engine's weights changed under its prefix cache
+            self.generator.reset_prefix_cache()
         return self.ready()
 
     def generate(self, prompts: list[str], sampling) -> list:
@@ -681,7 +694,6 @@ class RayPopulation:
         threads = placement.threads
         self._names = checksum_names(params)
         self._evaluates = heldout_backend(cfg) == cfg.generation.backend  # HF actors; vLLM ones with eval_backend "same"
-        self._copies = cfg.generation.backend == "hf"  # a replacement copies a live actor's tensors (vLLM: replays)
         self.outlives_train = False  # True: jobs.run_es closes it, after the evaluation after training (on the actors)
         uses_fused = cfg.model.device == "cpu" and fused.kernel() is not None  # built here, before any actor
         self._recipe = ReplicaRecipe(cfg=cfg, spec=spec, checkpoint=checkpoint, header=header, task=task,
@@ -736,12 +748,12 @@ class RayPopulation:
 
     # -- actors ------------------------------------------------------------------------------------
     def _start(self) -> None:
-        """Start an actor at the driver's current weights; returns at once. At start-up and for vLLM actors: spec
-        or checkpoint + replay of the updates since; a replacement of an HF actor while another lives: the spec,
+        """Start an actor at the driver's current weights; returns at once. At start-up, or with no live actor:
+        spec or checkpoint + replay of the updates since; a replacement while another actor lives: the spec,
         then the live actor's selected tensors (and masters) copied in (``_copy_weights``), no replay."""
         aid = self._next_id
         self._next_id += 1
-        copy = not self._initial and self._evaluates and self._copies and bool(self._actors)
+        copy = not self._initial and bool(self._actors)
         recipe = replace(self._recipe, replay=[] if copy else list(self._replay))
         handle = self._actor_class.remote(recipe)
         if copy:

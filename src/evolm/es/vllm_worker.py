@@ -275,15 +275,26 @@ class ESWorkerExtension:
     @torch.no_grad()
     def es_piece(self, kind: str, name: str, start: int, stop: int):
         """Elements ``start:stop`` of one stored tensor, flattened, on the CPU (``ray_population.Replica.piece``
-        of a vLLM actor): "master" the float32 master of selected tensor ``name``; "weights" what a save writes
-        under ``name`` (that master in place of a lower-precision selected tensor, else the live weights). As
-        safetensors bytes: vLLM's RPC serialises a returned tensor as a list."""
+        of a vLLM actor): "master" the float32 master of selected tensor ``name``; "tensor" its live weights;
+        "weights" what a save writes under ``name`` (that master in place of a lower-precision selected tensor,
+        else the live weights). As safetensors bytes: vLLM's RPC serialises a returned tensor as a list."""
         from safetensors.torch import save
 
         p = self._es_params
         masters = dict(zip(p.names, p.masters)) if p.masters is not None else {}
-        tensor = masters[name] if kind == "master" or name in masters else self._es_views[name]
+        use_master = kind == "master" or (kind == "weights" and name in masters)
+        tensor = masters[name] if use_master else self._es_views[name]
         return save({"piece": tensor.detach().reshape(-1)[start:stop].to("cpu", copy=True)})
+
+    def es_put(self, kind: str, name: str, data: bytes) -> dict[str, int]:
+        """Write a whole selected tensor (``es_piece``'s format) into its live weights ("tensor") or its float32
+        master ("master"): a replacement actor copying a live one's weights. Returns the checksums."""
+        from safetensors.torch import load
+
+        p = self._es_params
+        target = p.masters[p.names.index(name)] if kind == "master" else self._es_views[name]
+        target.copy_(load(data)["piece"].view_as(target))
+        return self.es_checksums()
 
     def es_load(self, path: str) -> dict[str, int]:
         """Copy HF-named tensors from a safetensors file into the engine, one tensor at a time (``masters.<name>``
