@@ -223,9 +223,13 @@ def test_checksums_cover_masters_and_generation_weights(tokenizer):
     assert weights_checksum(Engine()) == [7]
 
 
-def test_a_replica_builds_its_generator_first_and_perturbs_through_it(tmp_path, tokenizer, vowel_task, monkeypatch):
+@pytest.mark.parametrize("one_load", [True, False])
+def test_a_replica_builds_its_generator_first_and_perturbs_through_it(tmp_path, tokenizer, vowel_task, monkeypatch,
+                                                                      one_load):
     """The wiring of a vLLM actor without vLLM: the generator comes first, build_paramset attaches the
-    ParamSet to it, and the actor reports the checksums the generator's side computes."""
+    ParamSet to it, and the actor reports the checksums the generator's side computes. With the spec's
+    safetensors files on this node (one load) the actor's model is a structure on ``meta`` and the engine is
+    told which checkpoint to read (none here); without (a hub id not cached) the actor loads an HF copy."""
     from conftest import make_tiny_model
 
     from evolm.backends.hf import HFGenerator
@@ -241,6 +245,7 @@ def test_a_replica_builds_its_generator_first_and_perturbs_through_it(tmp_path, 
         def attach_paramset(self, local):
             events.append("attach")
             local.engine_checksums = lambda: [len(events)] * len(local.names)
+            local.peaks = lambda: [1.0] * len(local.names)  # an engine's worker reads them
             return local
 
         def close(self):
@@ -248,15 +253,21 @@ def test_a_replica_builds_its_generator_first_and_perturbs_through_it(tmp_path, 
 
     def make(backend, model, tok, batch_size=32, prefix_cache=True, **engine):
         events.append(("generator", backend, engine["threads"], engine["gpu_memory_utilization"]))
+        events.append((next(model.parameters()).device.type, engine.get("checkpoint", "no checkpoint option")))
         return Engine(model, tok, batch_size=batch_size)
 
     monkeypatch.setattr(ray_population, "make_generator", make)
     monkeypatch.setattr(ray_population, "_check_engine_device", lambda cfg: None)
+    if not one_load:
+        monkeypatch.setattr(ray_population.models, "weights_location", lambda spec, revision="": None)
     cfg = config.from_dict(config.ESJob, {}, [f"model.spec='{spec}'", "generation.backend='vllm'", "model.threads=1"])
     replica = Replica(ReplicaRecipe(cfg=cfg, spec=str(spec), checkpoint=None, header=None, task=vowel_task, threads=1,
                                     replay=[(0, [1.0], 1e-3)]))
-    assert events == [("generator", "vllm", 1, 0.9), "attach"]
-    assert replica.ready()["checksum"] == [2] * len(replica.population.params.names)
+    loaded = ("meta", None) if one_load else ("cpu", "no checkpoint option")
+    assert events == [("generator", "vllm", 1, 0.9), loaded, "attach"]
+    info = replica.ready()
+    assert info["checksum"] == [3] * len(replica.population.params.names)
+    assert info["hf_loads"] == (0 if one_load else 1)
     replica.close()
     assert events[-1] == "close"
     ray = sys.modules.get("ray")  # built outside an actor, the replica asks Ray nothing (that would start an instance)
