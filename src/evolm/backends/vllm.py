@@ -10,7 +10,9 @@ Design decisions:
   saved once (``save_pretrained`` into ``$EVOLM_CACHE/vllm``). The worker-side mapping of HF tensors onto
   vLLM's fused parameters is verified against the driver's checksums at set-up
   (``evolm.es.vllm_worker``); driver weights that differ from the files (a checkpoint loaded into it)
-  are pushed once and checked again.
+  are pushed once and checked again. A Ray actor, which keeps no weights of its own, hands over a model
+  on ``meta`` (``models.load_structure``): the workers then read a checkpoint's files themselves and the
+  mapping is checked against the files (``FileWeights``), so the weights are loaded once, by the engine.
 - Float32 masters (bf16/fp16 generation) live in the workers only (``masters_in_engine``): the workers
   build them from their own weights, and the driver's ``ParamSet`` keeps none (``masters_elsewhere``),
   so the run holds model-dtype + 4 B per parameter once, not twice (measured by
