@@ -364,6 +364,7 @@ class Replica:
             if recipe.checkpoint:
                 load_weights(model, Path(recipe.checkpoint))
         self.hf_loads = 0 if one_load else 1  # times the actor read the weights into an HF model (ready() reports it)
+        self.engine = g.backend == "vllm"  # the weights live in a vLLM engine's worker (pieces, copies, processes)
         # a vLLM engine starts from these weights, with the actor's thread count
         generator = make_generator(g.backend, model, tokenizer, g.batch_size, g.prefix_cache, cpu_matmul=g.cpu_matmul,
                                    **engine)
@@ -401,7 +402,7 @@ class Replica:
     def _engine_pids(self) -> list[int]:
         """The pids of this actor's vLLM engine-core processes (none for HF): tests check that each actor has its
         own and that none outlives the run."""
-        if not hasattr(self.generator, "rpc"):
+        if not self.engine:
             return []
         import psutil
 
@@ -436,7 +437,7 @@ class Replica:
         (``masters.safetensors``). The driver assembles a checkpoint or ``final/`` from these, a bounded
         piece at a time (``RayPopulation.fetch``)."""
         params = self.population.params
-        if hasattr(self.generator, "rpc"):  # a vLLM actor: from its engine's worker (TP 1: validation)
+        if self.engine:  # a vLLM actor: from its engine's worker (TP 1: validation)
             from safetensors.torch import load
 
             return load(self.generator.rpc("es_piece", kind, name, start, stop)[0])["piece"]
@@ -460,7 +461,7 @@ class Replica:
         """Write a piece another actor's ``piece`` returned ("tensor" or "master") into this replica."""
         params = self.population.params
         k = params.names.index(name)
-        if hasattr(self.generator, "rpc"):  # a vLLM actor: a whole tensor at a time into its engine's worker
+        if self.engine:  # a vLLM actor: a whole tensor at a time into its engine's worker
             from safetensors.torch import save
 
             numel = params.tensors[k].numel()
@@ -476,7 +477,7 @@ class Replica:
     def copied(self) -> dict:
         """After the pieces: the generator sees the new weights; what ``ready`` reports."""
         self.generator.sync_weights()
-        if hasattr(self.generator, "rpc"):  # a vLLM engine's weights changed under its prefix cache
+        if self.engine:  # a vLLM engine's weights changed under its prefix cache
             self.generator.reset_prefix_cache()
         return self.ready()
 
@@ -1165,7 +1166,8 @@ class ActorsOrDriver:
     """The generator of the driver's evaluations in an actor layout (``jobs.run_es`` makes it the run's
     held-out generator, so held-out evaluation and probes use it): while a population whose actors evaluate
     (``RayPopulation.evaluates``) is attached, each generator call runs on an actor and an evaluation's calls
-    run side by side (``generate_many``); otherwise (before the actors start, vLLM actors) the driver's own
+    run side by side (``generate_many``); otherwise (before the actors start, vLLM actors with
+    ``generation.eval_backend = "hf"``) the driver's own
     generator answers. Anything else is the driver generator's."""
 
     def __init__(self, driver):
