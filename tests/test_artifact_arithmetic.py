@@ -184,6 +184,28 @@ def test_one_engine_is_bit_identical_to_the_transcribed_single_engine_loop(token
         assert not _same(ours, base)
 
 
+def test_the_chunked_arithmetic_is_the_whole_tensor_loop_at_any_chunk_size(tokenizer, monkeypatch):
+    """perturb, revert and the update run CHUNK values at a time; at 4096 values per chunk (the embedding: 384
+    chunks, the last partial) one engine is still the transcribed whole-tensor worker bit for bit, and two
+    engines (swaps, two replicas updated chunk by chunk) the same as at the default chunk size."""
+    import evolm.es.reference as reference
+
+    noise = TableNoise(5, size=1 << 22)
+    rewards = _rewards()
+    ref = transcription(make_tiny_model(tokenizer, hidden=32, layers=1).to(torch.bfloat16), noise, rewards)
+    two = make_tiny_model(tokenizer, hidden=32, layers=1).to(torch.bfloat16)
+    default_two = _evolm_loop(two, noise, rewards, engines=2)
+    monkeypatch.setattr(reference, "CHUNK", 4096)
+    monkeypatch.setattr("evolm.es.artifact.CHUNK", 4096)
+    ours = make_tiny_model(tokenizer, hidden=32, layers=1).to(torch.bfloat16)
+    _evolm_loop(ours, noise, rewards, engines=1)
+    assert _same(ref, ours)
+    small_two = make_tiny_model(tokenizer, hidden=32, layers=1).to(torch.bfloat16)
+    params = _evolm_loop(small_two, noise, rewards, engines=2)
+    assert _same(small_two, two) and not params.replicas_equal()
+    assert all(torch.equal(_bits(a), _bits(b)) for a, b in zip(params.replica(1), default_two.replica(1)))
+
+
 @pytest.mark.parametrize("sync_every", [0, 1, 2])
 def test_given_the_coefficients_replica_0_is_the_loop_over_engine_0s_members(tokenizer, sync_every):
     """A sync copies replica 0 into the others, never the other way, so replica 0 (the saved model) only

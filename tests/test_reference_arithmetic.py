@@ -99,6 +99,29 @@ def test_reference_paramset_is_bit_identical_to_the_transcribed_loop(tokenizer, 
     assert moved > 0  # the updates changed the weights
 
 
+@pytest.mark.parametrize("kind", ["table", "counter"])
+def test_the_chunked_arithmetic_is_the_whole_tensor_loop_at_any_chunk_size(tokenizer, monkeypatch, kind):
+    """perturb, restore and the update run CHUNK values at a time (no temporaries the size of a tensor); with
+    chunks of 4096 values every tensor but the smallest spans several, the embedding 384 with a partial last
+    one: still the transcribed whole-tensor loop bit for bit, and the shadow's error metrics the same."""
+    from conftest import make_tiny_model
+
+    import evolm.es.reference as reference
+
+    noise = {"table": lambda: TableNoise(5, size=1 << 22), "counter": lambda: CounterNoise(5)}[kind]()
+    rewards = _rewards()
+    ref = transcription(make_tiny_model(tokenizer, hidden=32, layers=1).to(torch.bfloat16), noise, rewards)
+    whole, whole_metrics = _evolm_loop(make_tiny_model(tokenizer, hidden=32, layers=1).to(torch.bfloat16), noise,
+                                       rewards, error_sample=3000)
+    monkeypatch.setattr(reference, "CHUNK", 4096)
+    ours = make_tiny_model(tokenizer, hidden=32, layers=1).to(torch.bfloat16)
+    params, metrics = _evolm_loop(ours, noise, rewards, error_sample=3000)
+    assert max(t.numel() for t in params.tensors) > 300 * 4096
+    for (n, p), (_, q) in zip(ref.named_parameters(), ours.named_parameters()):
+        assert torch.equal(p.detach().view(torch.int16), q.detach().view(torch.int16)), n
+    assert metrics == whole_metrics
+
+
 def test_bf16_restore_is_not_exact_and_the_shadow_measures_it(tokenizer):
     from conftest import make_tiny_model
 

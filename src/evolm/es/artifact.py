@@ -68,8 +68,9 @@ Design decisions:
   update's metrics record: how far the artifact's engines score members on weights that are not the saved
   model's, the number its 117-update sync period leaves open.
 - **Memory:** K - 1 copies of the selected tensors in the model's dtype (``(K - 1) * P * 2`` bytes in
-  bf16: 1.9 GB for SmolLM2-135M at K = 8, 21.6 GB for Qwen2.5-1.5B), plus one chunk of 2^20 values
-  for the swap. The restore-error shadow of ``reference`` (``es.reference_error_sample``, metrics
+  bf16: 1.9 GB for SmolLM2-135M at K = 8, 21.6 GB for Qwen2.5-1.5B), plus a few chunks of 2^20 values
+  for the swap and for perturb, revert and the update, which run chunk by chunk as in ``reference`` (the same bits
+  as whole tensors, without their temporaries). The restore-error shadow of ``reference`` (``es.reference_error_sample``, metrics
   ``ref_*``) is kept the same way here, on replica 0.
 """
 
@@ -210,12 +211,20 @@ class ArtifactParamSet(ReferenceParamSet):
         return all(torch.equal(_bits(a), _bits(b)) for r in range(1, self.engines) for a, b in zip(zero, self.replica(r)))
 
     # -- perturb / revert ----------------------------------------------------------------------------
-    def _delta(self, k: int, iteration: int, direction: int, factor: float) -> torch.Tensor:
-        """``(eps * factor)`` in float32, cast to the tensor's dtype (worker.py ``delta.mul_(sigma)``,
-        ``delta.to(dtype=parameter.dtype)``)."""
-        live = self.tensors[k]
-        d = torch.mul(self._eps(k, iteration, direction), factor)
-        return d.to(device=live.device, dtype=live.dtype).view_as(live)
+    @torch.no_grad()
+    def _add_noise(self, iteration: int, direction: int, factor: float) -> None:
+        """worker.py ``_apply_seeded_noise``: ``delta = eps * factor`` in float32 (rounded), cast to the
+        tensor's dtype (rounded), ``param.add_(delta)`` (rounded), CHUNK values at a time (the same
+        operations on the same values as on whole tensors, without temporaries the size of a tensor)."""
+        for k, live in enumerate(self.tensors):
+            flat, read = live.view(-1), self._reader(k, iteration, direction)
+            delta = self._buffers(live.device)[2]
+            (low,) = self._scratch(live, 1)
+            for a in range(0, flat.numel(), CHUNK):
+                m = min(CHUNK, flat.numel() - a)
+                torch.mul(read(a, m), factor, out=delta[:m])
+                low[:m].copy_(delta[:m])  # delta.to(dtype=parameter.dtype)
+                flat[a:a + m].add_(low[:m])
 
     @torch.no_grad()
     def perturb(self, iteration: int, direction: int, sign: int, sigma: float) -> None:
@@ -223,9 +232,7 @@ class ArtifactParamSet(ReferenceParamSet):
         if self._perturbed is not None:
             raise RuntimeError("perturb() called twice without restore()")
         self.activate(self.engine_of[direction])
-        factor = float(sign) * float(sigma)
-        for k, live in enumerate(self.tensors):
-            live.add_(self._delta(k, iteration, direction, factor))
+        self._add_noise(iteration, direction, float(sign) * float(sigma))
         self._perturbed = (iteration, direction, sign, sigma)
 
     @torch.no_grad()
@@ -234,25 +241,27 @@ class ArtifactParamSet(ReferenceParamSet):
         if self._perturbed is None:
             raise RuntimeError("restore() without perturb()")
         iteration, direction, sign, sigma = self._perturbed
-        factor = -float(sign) * float(sigma)
-        for k, live in enumerate(self.tensors):
-            live.add_(self._delta(k, iteration, direction, factor))
+        self._add_noise(iteration, direction, -float(sign) * float(sigma))
         self._perturbed = None
 
     # -- update --------------------------------------------------------------------------------------
-    def _total(self, k: int, iteration: int, coefficients: list[float], scale: float, gathered: list | None) -> torch.Tensor:
-        """``sum_d (scale * c_d) eps_d`` for tensor k, accumulated in float32 in member order."""
+    def _cast_totals(self, k: int, iteration: int, coefficients: list[float], scale: float):
+        """``(start, count, step)`` for tensor k, CHUNK values at a time: ``total = sum_d (scale * c_d) eps_d``
+        accumulated in float32 in member order (``total.add_(noise, alpha=...)``, zero coefficients skipped),
+        then cast to the model's dtype (worker.py ``_apply_population_update``). The step is a buffer that the
+        next chunk overwrites."""
         live = self.tensors[k]
-        total = torch.zeros(live.numel(), dtype=torch.float32, device=live.device)
-        idx = self.subset.per_tensor[k] if gathered is not None else None
-        for d, c in enumerate(coefficients):
-            if c == 0.0:
-                continue
-            eps = self._eps(k, iteration, d)
-            if idx is not None:
-                gathered.append((c, eps[idx.to(eps.device)].to(torch.float32).cpu()))
-            total.add_(eps.to(device=live.device).view(-1), alpha=scale * c)
-        return total
+        members = [(self._reader(k, iteration, d), scale * c) for d, c in enumerate(coefficients) if c != 0.0]
+        total = self._buffers(live.device)[0]
+        (low,) = self._scratch(live, 1)
+        for a in range(0, live.numel(), CHUNK):
+            m = min(CHUNK, live.numel() - a)
+            t = total[:m]
+            t.zero_()
+            for read, alpha in members:
+                t.add_(read(a, m), alpha=alpha)
+            low[:m].copy_(t)
+            yield a, m, low[:m]
 
     @torch.no_grad()
     def apply_update(self, iteration: int, coefficients, scale: float) -> bool:
@@ -269,17 +278,16 @@ class ArtifactParamSet(ReferenceParamSet):
         replicas = [self.replica(r) for r in range(self.engines)]
         if not self._replicas_provably_finite(replicas, coefficients, scale):
             for k in range(len(self.tensors)):  # the rare second pass: every new value, nothing written
-                step = self._total(k, iteration, coefficients, scale, None).to(self.tensors[k].dtype)
-                if not all(bool(torch.isfinite(rep[k].view(-1) + step).all()) for rep in replicas):
-                    return False
+                for a, m, step in self._cast_totals(k, iteration, coefficients, scale):
+                    if not all(bool(torch.isfinite(rep[k].view(-1)[a:a + m] + step).all()) for rep in replicas):
+                        return False
         shadow_steps = [] if self.subset is not None else None
         for k in range(len(self.tensors)):
-            gathered = [] if shadow_steps is not None else None
-            step = self._total(k, iteration, coefficients, scale, gathered).to(self.tensors[k].dtype)
-            for rep in replicas:
-                rep[k].view(-1).add_(step)
+            for a, m, step in self._cast_totals(k, iteration, coefficients, scale):
+                for rep in replicas:
+                    rep[k].view(-1)[a:a + m].add_(step)
             if shadow_steps is not None:
-                shadow_steps.append(gathered)
+                shadow_steps.append(self._gather(k, iteration, coefficients))
         if shadow_steps is not None:
             self._add_shadow(shadow_steps, scale)
         return True
