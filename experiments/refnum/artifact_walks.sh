@@ -11,6 +11,9 @@
 #
 #   bash experiments/refnum/artifact_walks.sh                 # every model, arm and seed not done yet, one at a time
 #   MODELS=smollm2 SEEDS=0 bash experiments/refnum/artifact_walks.sh   # a subset
+#   MODELS=gemma ARMS="exact artifact reference" bash experiments/refnum/artifact_walks.sh   # another order: the artifact
+#       arm cannot resume between its syncs (117, 234) but the others checkpoint every 10 updates, so a session
+#       that cannot finish all three should leave the resumable one for last
 #   ITERATIONS=2 POPULATION=8 OUT=/tmp/aw bash experiments/refnum/artifact_walks.sh   # a smoke of the plumbing
 #
 # Writes only under OUT (default runs/refnum-artifact): aw-<model>-<arm>-s<seed>-null/, their analyses (drift, sparsity,
@@ -29,6 +32,7 @@ ITERATIONS=${ITERATIONS:-234}
 POPULATION=${POPULATION:-32}
 MODELS=${MODELS:-smollm2 gemma}
 SEEDS=${SEEDS:-0 1 2}
+ARMS=${ARMS:-exact reference artifact}
 mkdir -p "$OUT"
 
 SETTING=(--set "es.population=$POPULATION" --set es.sigma=0.0015 --set es.lr=0.00025 --set es.divide_by_sigma=false)
@@ -83,7 +87,7 @@ restore() {  # restore NAME: a walk published by an earlier session (PUBLISH) an
 
 for model in $MODELS; do
   for seed in $SEEDS; do
-    for arm in exact reference artifact; do
+    for arm in $ARMS; do
       restore "aw-$model-$arm-s$seed-null"
       walk "$model" "$arm" "$seed" > "$OUT/aw-$model-$arm-s$seed.log" 2>&1 || { echo "aw-$model-$arm-s$seed failed: see $OUT/aw-$model-$arm-s$seed.log" >&2; exit 1; }
       analyse "aw-$model-$arm-s$seed-null" >> "$OUT/aw-$model-$arm-s$seed.log" 2>&1
