@@ -89,3 +89,23 @@ def test_real_arms_carry_their_heldout_changes_and_are_set_against_exact_float32
     assert "| grpo-bf16 | grpo / autograd / bfloat16 | 120 | 0.200 → 0.400" in page
     assert (out / "runs" / "grpo-bf16" / "eval_after.json").exists()  # the small files are copied beside the summary
     capsys.readouterr()
+
+
+def test_an_artifact_arm_is_set_against_the_reference_arm_and_carries_its_replica_divergence(tmp_path, summarise):
+    src, out = tmp_path / "runs", tmp_path / "docs"
+    _run(src, "es-exact-f32", "es", "float32", "exact", 120, 0.20, 0.30, 0.010)
+    _run(src, "es-reference-bf16", "es", "bfloat16", "reference", 120, 0.20, 0.25, 0.012)
+    _run(src, "es-artifact-bf16", "es", "bfloat16", "artifact", 120, 0.20, 0.27, 0.015)
+    divergence = {"relative_distance": [0.004, 0.005], "differing": [0.2, 0.3], "relative_distance_max": 0.005,
+                  "differing_max": 0.3}
+    records = [{"kind": "train", "step": s, **({"replica_divergence": divergence} if s == 120 else {})} for s in range(1, 121)]
+    (src / "es-artifact-bf16" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    out.mkdir()
+    assert summarise.main([str(src), "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    arms = summary["task_contrasts"]["smollm2-135m"]["arms"]
+    artifact = arms["es-artifact-bf16"]
+    assert artifact["drift_ratio"] == pytest.approx(1.5) and artifact["drift_ratio_over_reference"] == pytest.approx(1.25)
+    assert artifact["replica_divergence"] == [{"step": 120, "relative_distance_max": 0.005, "differing_max": 0.3}]
+    assert "drift_ratio_over_reference" not in arms["es-reference-bf16"]
+    assert summary["runs"]["es-artifact-bf16"]["replica_divergence"][0]["step"] == 120

@@ -13,6 +13,8 @@
 #   bash experiments/refnum/run.sh analyses    # the analyses of whatever has finished
 #   bash experiments/refnum/run.sh arm es smollm2-es-exact-f32 &   # one run, e.g. two side by side on 2 cores:
 #   bash experiments/refnum/run.sh arm es smollm2-es-reference-bf16 &  # (ANALYSE=1: its analyses too; MAGNITUDE=0: not analyze magnitude)
+#   bash experiments/refnum/run.sh walk smollm2-es-artifact-bf16 120   # one config's null walk to 120 updates, and its
+#                                              # analyses (e.g. an arm not in null's list)
 #   bash experiments/refnum/run.sh save        # before a session ends: every run's small files (seed log, metrics,
 #                                              # held-out tables, config; no weights) to docs/study/refnum/runs/, to commit;
 #                                              # the next session's run.sh restores a run absent from runs/refnum from
@@ -195,9 +197,10 @@ case "${1:-all}" in
   summarise) summarise ;;
   save) save ;;
   arm) run "$2" "$3"; [ -z "${ANALYSE:-}" ] || analyse "$OUT/analyses/$3" "$(label "$3")=$3" ;;
+  walk) null_walk "$2" "$3"; analyse "$OUT/analyses/$2-null" "$(label "$2")=$2-null" ;;
   smollm2) smollm2; analyses ;;
   gemma) gemma; analyses ;;
   analyses) analyses ;;
   all) smollm2; gemma; analyses ;;
-  *) echo "usage: $0 [all|null|smollm2|gemma|analyses|summarise|save|arm KIND NAME]" >&2; exit 2 ;;
+  *) echo "usage: $0 [all|null|smollm2|gemma|analyses|summarise|save|arm KIND NAME|walk NAME UPDATES]" >&2; exit 2 ;;
 esac

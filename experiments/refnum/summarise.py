@@ -87,6 +87,11 @@ def summarise_run(run: Path, analyses: Path, at: int | None = None) -> dict:
                                                      "ref_moved_ratio", "ref_changed_frac", "ref_exact_changed_frac", "ref_sample")}
         ratio = last["ref_moved_ratio"]
         out["restore_error"]["share_of_squared_drift"] = 1 - 1 / ratio ** 2 if ratio else None
+    syncs = [r for r in train if r.get("replica_divergence")]  # the artifact's engines, measured before each sync
+    if syncs:
+        out["replica_divergence"] = [{"step": int(r["step"]), **{k: r["replica_divergence"][k]
+                                                                 for k in ("relative_distance_max", "differing_max")}}
+                                     for r in syncs]
     drift = _load(analyses / "drift.json")
     if drift:
         label, m = next(iter(drift["models"].items()))
@@ -167,10 +172,12 @@ def _top100(row: dict, category: str) -> float | None:
 
 
 def task_contrasts(rows: list[dict]) -> dict:
-    """The real arms (task rewards), per model: every other run (reference bf16, exact bf16, GRPO bf16) against
-    the exact float32 ES run of the same model and horizon: drift ratio, moved share, share of moved below
+    """The real arms (task rewards), per model: every other run (reference bf16, exact bf16, artifact bf16, GRPO bf16)
+    against the exact float32 ES run of the same model and horizon: drift ratio, moved share, share of moved below
     τ = 1 × the ES single-update RMS, the expected top-100 norm / attention count (ties split evenly, ``_top100``)
-    with its enrichment over the dtype-matched null, and the held-out changes side by side."""
+    with its enrichment over the dtype-matched null, and the held-out changes side by side; an artifact arm also
+    its drift over the reference bf16 arm's (``drift_ratio_over_reference``) and its replicas' divergence before
+    each sync."""
     def changes(row):
         return {m: v["change"] for m, v in row.get("heldout", {}).items() if isinstance(v, dict)}
 
@@ -178,6 +185,8 @@ def task_contrasts(rows: list[dict]) -> dict:
     for base in (r for r in rows if r["fitness"] == "task reward" and r["method"] == "es" and r["arithmetic"] == "exact"
                  and r["dtype"] == "float32" and "drift" in r):
         arms, base_below = {}, _below_1x(base)
+        reference = [r for r in rows if r["fitness"] == "task reward" and r["method"] == "es" and r["arithmetic"] == "reference"
+                     and r["model"] == base["model"] and r["updates"] == base["updates"] and "drift" in r]
         for r in rows:
             if r is base or r["fitness"] != "task reward" or r["model"] != base["model"] or r["updates"] != base["updates"] or "drift" not in r:
                 continue
@@ -189,6 +198,10 @@ def task_contrasts(rows: list[dict]) -> dict:
                               **{f"top100_{c}": _top100(r, c) for c in ("norm", "attention")},
                               **{f"top100_{c}_vs_dtype_null": null.get(c, {}).get("enrichment") for c in ("norm", "attention")},
                               "heldout_change": changes(r)}
+            if r["arithmetic"] == "artifact":  # the artifact's loop against Qiu et al.'s single-process one, same members
+                arms[r["run"]]["drift_ratio_over_reference"] = (r["drift"]["relative_distance"] / reference[0]["drift"]["relative_distance"]
+                                                                if reference else None)
+                arms[r["run"]]["replica_divergence"] = r.get("replica_divergence")
         out[base["model"]] = {"updates": base["updates"], "exact_f32": base["run"],
                               "exact_f32_drift": base["drift"]["relative_distance"], "exact_f32_moved": base["drift"]["changed_fraction"],
                               "exact_f32_below_tau": base_below, "exact_f32_heldout_change": changes(base), "arms": arms}
