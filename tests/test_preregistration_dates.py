@@ -58,6 +58,37 @@ def test_declared_before_after_and_changed_after_the_data(tmp_path):
         == "2026-11-30T10:00:00Z"
 
 
+VALUE = '[[claim.test]]\nname = "{name}"\nkind = "value"\nfile = "summary.json"\npath = "{path}"\nexpect = ">"\nthreshold = 1.0\n'
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_a_value_in_a_shared_file_is_dated_by_the_commit_that_first_held_it(tmp_path):
+    """A summary gathers many runs' numbers: a test of an arm added to it later is dated by the commit that added
+    that arm's value (a null or an empty list, a model with no seed yet, is no value), not by the file's first commit."""
+    repo = tmp_path
+    _git(repo, "init", "-q")
+    (repo / "data").mkdir()
+    summary = repo / "data" / "summary.json"
+    summary.write_text(json.dumps({"arms": {"old": 1.3, "new": None, "later": []}}))
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "summary with one arm", date="2026-12-01T10:00:00+00:00")
+    claims = repo / "study" / "claims.toml"
+    claims.parent.mkdir()
+    claims.write_text('[study]\ndata = "data"\n\n[[claim]]\nid = "Q4"\nclaim = "c"\n\n'
+                      + VALUE.format(name="old arm", path="arms.old") + VALUE.format(name="new arm", path="arms.new")
+                      + VALUE.format(name="later arm", path="arms.later"))
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "declare", date="2026-12-02T10:00:00+00:00")
+    summary.write_text(json.dumps({"arms": {"old": 1.3, "new": 0.9, "later": []}}))
+    _git(repo, "commit", "-qam", "the new arm's value", date="2026-12-03T10:00:00+00:00")
+    rows = {r["name"]: r for r in pre.build_record(claims, repo)["tests"]}
+    assert rows["old arm"]["status"] == pre.AFTER
+    assert rows["old arm"]["data"] == {"date": "2026-12-01T10:00:00Z", "from": "summary.json first committed with arms.old"}
+    assert rows["new arm"]["status"] == pre.BEFORE
+    assert rows["new arm"]["data"] == {"date": "2026-12-03T10:00:00Z", "from": "summary.json first committed with arms.new"}
+    assert rows["later arm"]["data"] == {"date": "", "from": ""} and rows["later arm"]["status"] == pre.BEFORE
+
+
 def test_original_test_puts_the_first_terms_back():
     from evolm.report.study.claims import ClaimTest, MarginRef
     now = ClaimTest(kind="change", run="r", metric="entropy", expect="not_down", margin_of=MarginRef(0.5, run="g"),

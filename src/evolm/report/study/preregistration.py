@@ -2,7 +2,8 @@
 
 A test is declared by the commit that first put it into the claims file; its data exist from the earliest end of
 the runs it reads (``run.json``'s ``finished``, else ``started``) or, for a file outside a run directory (an analysis output), the
-commit that first added that file. A test is then "declared before its data", "declared after its data", or
+commit that first added that file; for a value test, the first commit in which that file holds a value at the test's path
+(a summary gathers many runs' numbers, and a row added later is dated by the row). A test is then "declared before its data", "declared after its data", or
 "changed after its data" when its terms (what decides it: expect, margin, threshold, premise it requires, the runs
 it pools) changed after its data existed; such a test is shown beside its verdict under the terms it was first
 declared with, measured on the same files.
@@ -111,8 +112,45 @@ def _utc(date: str) -> str:
     return datetime.fromisoformat(date).astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def data_date(files: list[str], data: Path, repo: Path, added: dict[str, str]) -> tuple[str, str]:
-    """The earliest date any of a test's files existed, and where that date comes from."""
+class PathDates:
+    """When a value first stood at a path of a committed JSON file: the date of the first commit of the file in
+    which ``measure.lookup`` finds it, not null and not an empty list (a model with no seed yet; "" when none has). A file that gathers many runs' numbers (a summary,
+    ``refnum/real_arm.json``) exists long before a new arm's row does; a test of that row is dated by the row."""
+
+    def __init__(self, repo: Path):
+        self.repo, self.versions = repo, {}
+
+    def _versions(self, rel: str) -> list[tuple[str, Any]]:
+        if rel not in self.versions:
+            out = []
+            for line in _git("log", "--reverse", "--format=%h %cI", "--", rel, cwd=self.repo).splitlines():
+                commit, date = line.split()
+                try:
+                    out.append((date, json.loads(_git("show", f"{commit}:{rel}", cwd=self.repo))))
+                except (subprocess.CalledProcessError, ValueError):  # deleted in that commit, or not JSON
+                    continue
+            self.versions[rel] = out
+        return self.versions[rel]
+
+    def first(self, rel: str, path: str) -> str:
+        from evolm.errors import UserError
+        from evolm.report.study.measure import lookup
+
+        for date, doc in self._versions(rel):
+            try:
+                value = lookup(doc, path, rel)
+            except (UserError, TypeError, ValueError, KeyError):
+                continue
+            if value is not None and value != [] and value != {}:  # a placeholder (no seed yet) is no data
+                return date
+        return ""
+
+
+def data_date(files: list[str], data: Path, repo: Path, added: dict[str, str],
+              paths: dict[str, str] | None = None, path_dates: PathDates | None = None) -> tuple[str, str]:
+    """The earliest date any of a test's files existed, and where that date comes from. ``paths``: the value a
+    test reads in a file outside a run directory (a JSON path); that file's date is then the first commit that
+    holds a value there (``PathDates``), not the file's first commit."""
     found = []
     for f in files:
         path = data / f
@@ -126,9 +164,24 @@ def data_date(files: list[str], data: Path, repo: Path, added: dict[str, str]) -
                               f"{'finished' if info.get('finished') else 'started'}"))
                 continue
         rel = str(path.resolve().relative_to(repo.resolve()))
-        if rel in added:
+        if paths and paths.get(f) and path_dates is not None and f.endswith(".json"):
+            date = path_dates.first(rel, paths[f])
+            if date:
+                found.append((_utc(date), f"{f} first committed with {paths[f]}"))
+        elif rel in added:
             found.append((_utc(added[rel]), f"{f} first committed"))
     return min(found) if found else ("", "")
+
+
+def _test_paths(t: dict) -> dict[str, str]:
+    """The JSON path a value test reads in each of its files."""
+    if t.get("kind") != "value":
+        return {}
+    second = t.get("over") or t.get("minus") or {}
+    out = {t.get("file", ""): t.get("path", "")}
+    if second.get("file"):
+        out[second["file"]] = second.get("path", "")
+    return {f: p for f, p in out.items() if f and p}
 
 
 def _test_files(t: dict) -> list[str]:
@@ -149,6 +202,7 @@ def build_record(claims: Path, repo: Path) -> dict:
     data = Path(current.get("study", {}).get("data", "docs/study"))
     data = data if data.is_absolute() else repo / data
     added = added_dates(data, repo)
+    path_dates = PathDates(repo)
     first: dict[tuple, tuple[str, str, dict]] = {}
     last_change: dict[tuple, tuple[str, str]] = {}
     last_seen: dict[tuple, dict] = {}
@@ -163,7 +217,7 @@ def build_record(claims: Path, repo: Path) -> dict:
     for key, t in _tests(current):
         commit, date = first.get(key, ("uncommitted", ""))[:2]
         is_premise = key[1] == "premise"
-        when, source = data_date(_test_files(t), data, repo, added)
+        when, source = data_date(_test_files(t), data, repo, added, _test_paths(t), path_dates)
         row = {"claim": key[0], "name": t.get("id", "") if is_premise else t.get("name", ""),
                "premise": is_premise, "declared": {"commit": commit, "date": _utc(date) if date else ""},
                "data": {"date": when, "from": source}}
