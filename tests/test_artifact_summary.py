@@ -93,3 +93,25 @@ def test_writes_only_under_out_without_publish(tmp_path, aws):
     after = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
     assert set(after) - set(before) == {Path("runs/summary.json"), Path("runs/summary.md")}
     assert aws.main([str(tmp_path / "missing")]) == 2
+
+
+def test_localisation_per_seed_reads_the_tie_split_and_the_spacing_null(tmp_path, aws):
+    out = tmp_path / "runs"
+    for arm in ("exact", "reference", "artifact"):
+        _walk(out, "smollm2", arm, 0, 4, 0.01, 0.05)
+    a = out / "analyses" / "aw-smollm2-artifact-s0-null"
+    tie = {"norm": {"observed": 0.5, "enrichment": 20.0}, "attention": {"observed": 41.7, "enrichment": 2.1}}
+    fields = {"observed": 1, "expected": 1.0, "enrichment": 1.0, "enrichment_interval": [0.5, 2.0], "p_enriched": 0.5}
+    top = {"enrichment": {"by_category": {c: fields for c in ("norm", "attention", "mlp", "embedding")}},
+           "tie_split": {"by_category": tie}}
+    (a / "localisation.json").write_text(json.dumps({"models": {"x": {"100": top}}}))
+    (a / "magnitude.json").write_text(json.dumps({"models": {"x": {
+        "dtype": "bfloat16", "k": 100, "relative": {"by_category": {}}, "steps": {"by_category": {}},
+        "dtype_null": {"by_category": {"norm": {"observed": 0.5, "enrichment": 0.1},
+                                       "attention": {"observed": 41.7, "enrichment": 1.05}}}}}}))
+    assert aws.main([str(out)]) == 0
+    c = json.loads((out / "summary.json").read_text())["contrasts"]["smollm2-135m"]
+    assert c["top100_attention_artifact"] == [41.7] and c["top100_attention_enrichment_artifact"] == [2.1]
+    assert c["top100_attention_vs_dtype_null_artifact"] == [1.05] and c["top100_norm_vs_dtype_null_artifact"] == [0.1]
+    assert c["top100_attention_reference"] == [None] and c["top100_norm_vs_dtype_null_exact"] == [None]  # not analysed
+    assert "41.7 (2.1x; spacing null 1.05x)" in (out / "summary.md").read_text()

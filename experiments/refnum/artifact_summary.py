@@ -15,7 +15,13 @@ analyses), the numbers the study's Q4 tests read with the seed as the unit:
 - ``below_tau_difference_artifact`` (``_reference``): share of moved coordinates below tau = 1 x the single-update
   RMS (lr / sqrt(N)), that walk minus the exact walk (C5's signature);
 - ``divergence_before_sync`` / ``differing_before_sync``: the largest relative distance of a replica from replica
-  0 (share of coordinates whose bits differ) logged just before a sync (``replica_divergence`` records).
+  0 (share of coordinates whose bits differ) logged just before a sync (``replica_divergence`` records);
+- C6's localisation, per arm (``exact``, ``reference``, ``artifact``) and category (``norm``, ``attention``):
+  ``top100_<cat>_<arm>``, the expected count among the top 100 |Δ| with a tie at the 100th value split evenly
+  (``analyze localisation``'s ``tie_split``; bf16 walks tie by the hundred), ``top100_<cat>_enrichment_<arm>`` its
+  enrichment over the category's parameter share (the exchangeable null), and ``top100_<cat>_vs_dtype_null_<arm>``
+  over the dtype-spacing null (``analyze magnitude``: each coordinate's step count moved to another coordinate and
+  scaled by that one's ulp; None where magnitude was not run). Exploratory: no Q4 test reads them.
 
 Writes only OUT/summary.json and OUT/summary.md unless ``--publish DIR`` is given, which also copies the runs'
 small files (no weights) and analyses under DIR. Nothing is computed from weights here.
@@ -49,6 +55,22 @@ def _divergence(run: Path) -> tuple[float | None, float | None]:
     return max(r["relative_distance_max"] for r in recs), max(r["differing_max"] for r in recs)
 
 
+LOCALISED = ("norm", "attention")
+
+
+def _tie_split(analyses: Path) -> dict:
+    """``analyze localisation``'s top-100 record with the tie at the 100th |Δ| split evenly, by category ({} if none)."""
+    p = analyses / "localisation.json"
+    if not p.exists():
+        return {}
+    top = next(iter(json.loads(p.read_text())["models"].values())).get("100", {})
+    if "tie_split" not in top and "coordinates" in top and "kth_abs_delta" in top:  # written before tie_split existed
+        from evolm.analysis.localisation import tie_split
+
+        top = {"tie_split": tie_split(top)}
+    return top.get("tie_split", {}).get("by_category", {})
+
+
 def summarise(out: Path) -> dict:
     rows, by = {}, {}
     for run in sorted(p for p in out.iterdir() if NAME.match(p.name) and (p / "config.toml").exists()):
@@ -57,6 +79,7 @@ def summarise(out: Path) -> dict:
         row["arm"], row["seed"] = m["arm"], int(m["seed"])
         if m["arm"] == "artifact":
             row["divergence_before_sync"], row["differing_before_sync"] = _divergence(run)
+        row["tie_split"] = _tie_split(out / "analyses" / run.name)
         rows[run.name] = row
         by.setdefault(row["model"], {}).setdefault(row["seed"], {})[m["arm"]] = row
     contrasts = {}
@@ -66,6 +89,9 @@ def summarise(out: Path) -> dict:
         c = {k: [] for k in ("seeds", "updates", "drift_ratio_artifact", "drift_ratio_reference", "artifact_over_reference",
                              "below_tau_difference_artifact", "below_tau_difference_reference",
                              "divergence_before_sync", "differing_before_sync")}
+        loc = {f"top100_{cat}{what}_{arm}": [] for arm in ARMS for cat in LOCALISED
+               for what in ("", "_enrichment", "_vs_dtype_null")}
+        c.update(loc)
         c["incomplete"] = []
         for seed, arms in sorted(seeds.items()):
             ok = (all(a in arms and "drift" in arms[a] and "sparsity" in arms[a] for a in ARMS)
@@ -84,6 +110,13 @@ def summarise(out: Path) -> dict:
             c["below_tau_difference_reference"].append(_below_1x(r) - _below_1x(e))
             c["divergence_before_sync"].append(a.get("divergence_before_sync"))
             c["differing_before_sync"].append(a.get("differing_before_sync"))
+            for arm in ARMS:
+                for cat in LOCALISED:
+                    tie = arms[arm].get("tie_split", {}).get(cat, {})
+                    null = arms[arm].get("magnitude", {}).get("dtype_null", {}).get(cat, {})
+                    c[f"top100_{cat}_{arm}"].append(tie.get("observed"))
+                    c[f"top100_{cat}_enrichment_{arm}"].append(tie.get("enrichment"))
+                    c[f"top100_{cat}_vs_dtype_null_{arm}"].append(null.get("enrichment"))
         contrasts[model] = c
     return {"runs": rows, "contrasts": contrasts}
 
@@ -101,6 +134,18 @@ def markdown(summary: dict) -> str:
                          f"{f(c['divergence_before_sync'][i])} |")
         for inc in c["incomplete"]:
             lines.append(f"| {model} | {inc['seed']} | incomplete: {inc['arms']} | | | | | | |")
+    lines += ["", "Top 100 |Δ| (a tie at the 100th value split evenly): expected count, enrichment over the parameter "
+              "share, and over the dtype-spacing null where `analyze magnitude` ran (exploratory: no Q4 test reads these)", "",
+              "| model | seed | " + " | ".join(f"{cat}, {arm}" for arm in ARMS for cat in LOCALISED) + " |",
+              "|---|---|" + "---|" * (len(ARMS) * len(LOCALISED))]
+    for model, c in summary["contrasts"].items():
+        for i, seed in enumerate(c["seeds"]):
+            cells = []
+            for arm in ARMS:
+                for cat in LOCALISED:
+                    n, e, d = (c[f"top100_{cat}{w}_{arm}"][i] for w in ("", "_enrichment", "_vs_dtype_null"))
+                    cells.append(f"{f(n)} ({f(e)}x" + (f"; spacing null {f(d)}x)" if d is not None else ")"))
+            lines.append(f"| {model} | {seed} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
