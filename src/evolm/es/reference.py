@@ -113,11 +113,13 @@ class ReferenceParamSet(ParamSet):
     def _reader(self, k: int, iteration: int, direction: int):
         """``read(start, count)``: tensor k's float32 noise, elements ``start .. start + count - 1``, on the
         tensor's device (a view of the table's or the stream's draw; counter noise computed into a buffer that
-        the next read of this member overwrites)."""
+        the next read overwrites: every caller consumes a read before the next)."""
         live = self.tensors[k]
         if isinstance(self.noise, CounterNoise):
             keys = self.noise.keys(iteration, direction, self.indices[k])
-            out = torch.empty(min(CHUNK, live.numel()), dtype=torch.float32, device=self.noise.device)
+            out = getattr(self, "_counter_buffer", None)
+            if out is None or out.device != self.noise.device:
+                out = self._counter_buffer = torch.empty(CHUNK, dtype=torch.float32, device=self.noise.device)
             return lambda a, m: self.noise.values(keys, a, m, out=out).to(live.device)
         eps = self._eps(k, iteration, direction)
         return lambda a, m: eps[a:a + m].to(live.device)
