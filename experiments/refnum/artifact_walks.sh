@@ -20,10 +20,11 @@
 # localisation, and magnitude for the bf16 arms unless MAGNITUDE=0; analyses/aw-...-null/) and summary.json (experiments/refnum/artifact_summary.py: per model and seed, the
 # numbers the study's Q4 tests read); PUBLISH=docs/study/artifact copies the small files, analyses and summary there. Resumable: a finished walk is
 # skipped, a stopped one continued (null_walk.py --resume); across sessions, a walk published under PUBLISH is restored
-# from there (small files and analyses) and counts as done. Cost, one thread, from the committed null walks at
-# Qiu et al.'s setting (N = 30): SmolLM2 exact ~1.3 s, reference ~10 s per update alone; Gemma reference ~42 s; the
-# artifact arm about the reference's plus its syncs: ~5 min + ~40 min + ~45 min per SmolLM2 seed, ~10 min + ~3 h +
-# ~3 h per Gemma seed.
+# from there (small files and analyses) and counts as done. Cost, one thread: SmolLM2 exact ~1.2 s per update; with the
+# chunked in-place arithmetic (2026-12-05; docs/benchmarks.md, "In-place arithmetic") one N = 32 update of the reference
+# (artifact) loop takes ~8 s (~6.5 s plus the replicas' swaps and updates) on SmolLM2 and ~15 s (~11 s) on Gemma alone,
+# so ~5 min + ~30 min + ~30 min per SmolLM2 seed and ~10 min + ~1 h + ~1 h per Gemma seed (before: ~40-50 min per
+# SmolLM2 bf16 arm, measured, and ~2.6 h per Gemma one); magnitude adds 2-6 min per SmolLM2 bf16 walk, ~20 min per Gemma one.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PY:-.venv/bin/python}
