@@ -89,6 +89,29 @@ def test_a_value_in_a_shared_file_is_dated_by_the_commit_that_first_held_it(tmp_
     assert rows["later arm"]["data"] == {"date": "", "from": ""} and rows["later arm"]["status"] == pre.BEFORE
 
 
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_a_held_out_change_of_a_run_under_way_has_no_data_until_its_table_after_training(tmp_path):
+    """A change test reads a run's tables before and after training; a run that started before the test was declared
+    but has no table after training yet has not produced the test's data."""
+    repo = tmp_path
+    _git(repo, "init", "-q")
+    run = repo / "data" / "r"
+    run.mkdir(parents=True)
+    (run / "run.json").write_text(json.dumps({"started": 1796040000.0, "status": "running"}))  # 2026-11-30 ~12:00
+    (run / "eval_before.json").write_text("{}")
+    claims = repo / "study" / "claims.toml"
+    claims.parent.mkdir()
+    claims.write_text('[study]\ndata = "data"\n\n[[claim]]\nid = "C2"\nclaim = "c"\n\n' + TEST.format(name="t", run="r", m=0.016))
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "declare", date="2026-12-01T10:00:00+00:00")
+    row = pre.build_record(claims, repo)["tests"][0]
+    assert row["status"] == pre.BEFORE and row["data"] == {"date": "", "from": ""}
+    (run / "eval_after.json").write_text("{}")
+    (run / "run.json").write_text(json.dumps({"started": 1796040000.0, "finished": 1796212800.0}))  # 2026-12-02
+    row = pre.build_record(claims, repo)["tests"][0]
+    assert row["status"] == pre.BEFORE and row["data"]["from"] == "r/run.json finished"
+
+
 def test_original_test_puts_the_first_terms_back():
     from evolm.report.study.claims import ClaimTest, MarginRef
     now = ClaimTest(kind="change", run="r", metric="entropy", expect="not_down", margin_of=MarginRef(0.5, run="g"),

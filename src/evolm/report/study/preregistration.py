@@ -1,7 +1,8 @@
 """Pre-registration (issue 40, item 1): when each test was declared, when its data came to exist, and what changed.
 
 A test is declared by the commit that first put it into the claims file; its data exist from the earliest end of
-the runs it reads (``run.json``'s ``finished``, else ``started``) or, for a file outside a run directory (an analysis output), the
+the runs it reads (``run.json``'s ``finished``, else ``started``; a held-out change of a run whose table after training
+is not there yet has no data) or, for a file outside a run directory (an analysis output), the
 commit that first added that file; for a value test, the first commit in which that file holds a value at the test's path
 (a summary gathers many runs' numbers, and a row added later is dated by the row). A test is then "declared before its data", "declared after its data", or
 "changed after its data" when its terms (what decides it: expect, margin, threshold, premise it requires, the runs
@@ -157,6 +158,8 @@ def data_date(files: list[str], data: Path, repo: Path, added: dict[str, str],
         run = next((d for d in [path.parent, *path.parent.parents] if (d / "run.json").exists()
                     and d.resolve().is_relative_to(data.resolve())), None)
         if run is not None:
+            if f.endswith(("eval_before.json", "eval_after.json")) and not (run / "eval_after.json").exists():
+                continue  # a held-out change of a run under way: its data is the table after training, not there yet
             info = json.loads((run / "run.json").read_text())
             end = info.get("finished") or info.get("started")
             if end:
