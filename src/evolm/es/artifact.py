@@ -135,7 +135,7 @@ class ArtifactParamSet(ReferenceParamSet):
         slot = self.stored.pop(r)
         for live, other in zip(self.tensors, slot):
             a, b = live.view(-1), other.view(-1)
-            buf = self._swap_buffer(live)
+            (buf,) = self._scratch(live, 1)  # free here: perturb, revert and the update use it only inside their loops
             for s in range(0, a.numel(), CHUNK):
                 m = min(CHUNK, a.numel() - s)
                 buf[:m].copy_(a[s:s + m])
@@ -143,12 +143,6 @@ class ArtifactParamSet(ReferenceParamSet):
                 b[s:s + m].copy_(buf[:m])
         self.stored[self.active] = slot
         self.active = r
-
-    def _swap_buffer(self, like: torch.Tensor) -> torch.Tensor:
-        buf = getattr(self, "_swap", None)
-        if buf is None or buf.dtype != like.dtype or buf.device != like.device:
-            buf = self._swap = torch.empty(CHUNK, dtype=like.dtype, device=like.device)
-        return buf
 
     @torch.no_grad()
     def sync_replicas(self) -> None:

@@ -130,7 +130,7 @@ class ReferenceParamSet(ParamSet):
         key = (like.dtype, like.device)
         if len(store.get(key, ())) < count:
             store[key] = [torch.empty(CHUNK, dtype=like.dtype, device=like.device) for _ in range(count)]
-        return store[key]
+        return store[key][:count]
 
     @torch.no_grad()
     def _add_noise(self, iteration: int, direction: int, factor: float) -> None:
