@@ -109,9 +109,36 @@ def test_localisation_per_seed_reads_the_tie_split_and_the_spacing_null(tmp_path
         "dtype": "bfloat16", "k": 100, "relative": {"by_category": {}}, "steps": {"by_category": {}},
         "dtype_null": {"by_category": {"norm": {"observed": 0.5, "enrichment": 0.1},
                                        "attention": {"observed": 41.7, "enrichment": 1.05}}}}}}))
-    assert aws.main([str(out)]) == 0
+    assert aws.main([str(out), "--seeds", "0"]) == 0
     c = json.loads((out / "summary.json").read_text())["contrasts"]["smollm2-135m"]
     assert c["top100_attention_artifact"] == [41.7] and c["top100_attention_enrichment_artifact"] == [2.1]
     assert c["top100_attention_vs_dtype_null_artifact"] == [1.05] and c["top100_norm_vs_dtype_null_artifact"] == [0.1]
     assert c["top100_attention_reference"] == [None] and c["top100_norm_vs_dtype_null_exact"] == [None]  # not analysed
     assert "41.7 (2.1x; spacing null 1.05x)" in (out / "summary.md").read_text()
+
+
+def test_a_model_is_judged_only_when_every_declared_seed_has_finished(tmp_path, aws):
+    """The Q4 tests are declared over seeds 0, 1, 2: a t over the seeds finished so far would let the number of seeds
+    depend on the results (optional stopping). Until the last declared seed finishes, the tested lists stay empty
+    (the tests read not run) and the finished seeds' numbers are listed under ``so_far``."""
+    out = tmp_path / "runs"
+    for seed in (0, 1):
+        _walk(out, "gemma", "exact", seed, 6, 0.010, 0.07)
+        _walk(out, "gemma", "reference", seed, 6, 0.020, 0.01)
+        _walk(out, "gemma", "artifact", seed, 6, 0.012, 0.02, divergence=1e-3)
+    _walk(out, "gemma", "exact", 2, 6, 0.010, 0.07)
+    assert aws.main([str(out), "--publish", str(tmp_path / "docs" / "artifact")]) == 0
+    g = json.loads((out / "summary.json").read_text())["contrasts"]["gemma3-270m"]
+    assert g["seeds"] == [] and g["drift_ratio_artifact"] == [] and g["waiting_for"] == [2]
+    assert g["so_far"]["seeds"] == [0, 1] and g["so_far"]["drift_ratio_artifact"] == pytest.approx([1.2, 1.2])
+    assert "so far (the tests wait for seed 2)" in (out / "summary.md").read_text()
+    claims = load_claims(ROOT / "experiments" / "study" / "claims.toml")
+    q4 = next(c for c in claims.claim if c.id == "Q4")
+    t = next(t for t in q4.test if t.name == "drift: artifact loop over exact float32, Gemma, 3 seeds")
+    read = lambda p: json.loads(Path(p).read_text())  # noqa: E731
+    assert study.evaluate_test(q4, t, tmp_path / "docs", read).verdict == NOT_RUN
+
+    # declared seeds are an option of the script (the walks script's SEEDS), and all of them finished: judged
+    assert aws.main([str(out), "--seeds", "0,1"]) == 0
+    g = json.loads((out / "summary.json").read_text())["contrasts"]["gemma3-270m"]
+    assert g["seeds"] == [0, 1] and g["waiting_for"] == [] and "so_far" not in g

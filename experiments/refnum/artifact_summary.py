@@ -7,7 +7,8 @@ arithmetic (the artifact's 8-engine loop) and Qiu et al.'s single-process bf16 l
 Reads OUT/aw-<model>-<arm>-s<seed>-null (run files) and OUT/analyses/aw-...-null (drift.json, sparsity.json,
 written by the script's analyses), builds each row with summarise.py's ``summarise_run`` (the same numbers as the
 Q3 walks), and per model lists, seed by seed (only seeds whose three arms reached the same update with both
-analyses), the numbers the study's Q4 tests read with the seed as the unit:
+analyses, and only once every seed the tests are declared over has: ``--seeds``, default 0,1,2; before that the
+finished seeds' numbers are under ``so_far``), the numbers the study's Q4 tests read with the seed as the unit:
 
 - ``drift_ratio_artifact``, ``drift_ratio_reference``: relative distance ||theta - theta0|| / ||theta0|| of the
   artifact (reference) walk over the exact float32 walk's, same seed, same updates;
@@ -71,7 +72,15 @@ def _tie_split(analyses: Path) -> dict:
     return top.get("tie_split", {}).get("by_category", {})
 
 
-def summarise(out: Path) -> dict:
+SEEDS = (0, 1, 2)
+"""The seeds the study's Q4 tests are declared over (artifact_walks.sh's default SEEDS)."""
+
+
+def summarise(out: Path, declared: tuple[int, ...] = SEEDS) -> dict:
+    """Per model, the per-seed contrasts the Q4 tests read, filled only once every declared seed has finished (a t
+    over the seeds finished so far would let the number of seeds depend on the numbers: optional stopping); until
+    then the tested lists stay empty, the finished seeds' numbers are under ``so_far`` and the missing seeds under
+    ``waiting_for``."""
     rows, by = {}, {}
     for run in sorted(p for p in out.iterdir() if NAME.match(p.name) and (p / "config.toml").exists()):
         m = NAME.match(run.name)
@@ -117,6 +126,11 @@ def summarise(out: Path) -> dict:
                     c[f"top100_{cat}_{arm}"].append(tie.get("observed"))
                     c[f"top100_{cat}_enrichment_{arm}"].append(tie.get("enrichment"))
                     c[f"top100_{cat}_vs_dtype_null_{arm}"].append(null.get("enrichment"))
+        c["waiting_for"] = [s for s in declared if s not in c["seeds"]]
+        if c["waiting_for"] and c["seeds"]:
+            tested = [k for k in c if k not in ("incomplete", "waiting_for")]
+            c["so_far"] = {k: c[k] for k in tested}
+            c.update({k: [] for k in tested})
         contrasts[model] = c
     return {"runs": rows, "contrasts": contrasts}
 
@@ -132,6 +146,12 @@ def markdown(summary: dict) -> str:
                          f"{f(c['drift_ratio_reference'][i])} | {f(c['artifact_over_reference'][i])} | "
                          f"{f(c['below_tau_difference_artifact'][i])} | {f(c['below_tau_difference_reference'][i])} | "
                          f"{f(c['divergence_before_sync'][i])} |")
+        so_far, waiting = c.get("so_far", {}), ", ".join(map(str, c.get("waiting_for", [])))
+        for i, seed in enumerate(so_far.get("seeds", [])):
+            lines.append(f"| {model} | {seed} | {so_far['updates'][i]}: so far (the tests wait for seed {waiting}) | "
+                         f"{f(so_far['drift_ratio_artifact'][i])} | {f(so_far['drift_ratio_reference'][i])} | "
+                         f"{f(so_far['artifact_over_reference'][i])} | {f(so_far['below_tau_difference_artifact'][i])} | "
+                         f"{f(so_far['below_tau_difference_reference'][i])} | {f(so_far['divergence_before_sync'][i])} |")
         for inc in c["incomplete"]:
             lines.append(f"| {model} | {inc['seed']} | incomplete: {inc['arms']} | | | | | | |")
     lines += ["", "Top 100 |Δ| (a tie at the 100th value split evenly): expected count, enrichment over the parameter "
@@ -168,12 +188,21 @@ def main(argv=None) -> int:
     ap.add_argument("out", help="artifact_walks.sh's output directory (runs/refnum-artifact)")
     ap.add_argument("--publish", default="", help="also copy the small files, analyses and summary here "
                                                    "(docs/study/artifact, which the study's Q4 tests read)")
+    ap.add_argument("--seeds", default=",".join(map(str, SEEDS)),
+                    help="the seeds the tests are declared over (comma-separated; default %(default)s): a model's "
+                         "tested lists stay empty until all of them have finished")
     args = ap.parse_args(argv)
     out = Path(args.out)
+    try:
+        declared = tuple(int(x) for x in args.seeds.split(","))
+    except ValueError:
+        print(f"artifact_summary: --seeds {args.seeds!r} is not a comma-separated list of integers (e.g. 0,1,2)",
+              file=sys.stderr)
+        return 2
     if not out.is_dir():
         print(f"artifact_summary: {out} is not a directory; give artifact_walks.sh's OUT", file=sys.stderr)
         return 2
-    summary = summarise(out)
+    summary = summarise(out, declared)
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     (out / "summary.md").write_text(markdown(summary))
     if args.publish:
