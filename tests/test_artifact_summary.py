@@ -131,7 +131,8 @@ def test_a_model_is_judged_only_when_every_declared_seed_has_finished(tmp_path, 
     g = json.loads((out / "summary.json").read_text())["contrasts"]["gemma3-270m"]
     assert g["seeds"] == [] and g["drift_ratio_artifact"] == [] and g["waiting_for"] == [2]
     assert g["so_far"]["seeds"] == [0, 1] and g["so_far"]["drift_ratio_artifact"] == pytest.approx([1.2, 1.2])
-    assert "so far (the tests wait for seed 2)" in (out / "summary.md").read_text()
+    md = (out / "summary.md").read_text()
+    assert "so far (the tests wait for seed 2)" in md and "| gemma3-270m | 1 (so far) | " in md  # both tables
     claims = load_claims(ROOT / "experiments" / "study" / "claims.toml")
     q4 = next(c for c in claims.claim if c.id == "Q4")
     t = next(t for t in q4.test if t.name == "drift: artifact loop over exact float32, Gemma, 3 seeds")

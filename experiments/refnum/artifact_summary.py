@@ -146,9 +146,10 @@ def markdown(summary: dict) -> str:
                          f"{f(c['drift_ratio_reference'][i])} | {f(c['artifact_over_reference'][i])} | "
                          f"{f(c['below_tau_difference_artifact'][i])} | {f(c['below_tau_difference_reference'][i])} | "
                          f"{f(c['divergence_before_sync'][i])} |")
-        so_far, waiting = c.get("so_far", {}), ", ".join(map(str, c.get("waiting_for", [])))
+        so_far, missing = c.get("so_far", {}), c.get("waiting_for", [])
+        waiting = ("seeds " if len(missing) > 1 else "seed ") + ", ".join(map(str, missing))
         for i, seed in enumerate(so_far.get("seeds", [])):
-            lines.append(f"| {model} | {seed} | {so_far['updates'][i]}: so far (the tests wait for seed {waiting}) | "
+            lines.append(f"| {model} | {seed} | {so_far['updates'][i]}: so far (the tests wait for {waiting}) | "
                          f"{f(so_far['drift_ratio_artifact'][i])} | {f(so_far['drift_ratio_reference'][i])} | "
                          f"{f(so_far['artifact_over_reference'][i])} | {f(so_far['below_tau_difference_artifact'][i])} | "
                          f"{f(so_far['below_tau_difference_reference'][i])} | {f(so_far['divergence_before_sync'][i])} |")
@@ -158,14 +159,15 @@ def markdown(summary: dict) -> str:
               "share, and over the dtype-spacing null where `analyze magnitude` ran (exploratory: no Q4 test reads these)", "",
               "| model | seed | " + " | ".join(f"{cat}, {arm}" for arm in ARMS for cat in LOCALISED) + " |",
               "|---|---|" + "---|" * (len(ARMS) * len(LOCALISED))]
-    for model, c in summary["contrasts"].items():
-        for i, seed in enumerate(c["seeds"]):
-            cells = []
-            for arm in ARMS:
-                for cat in LOCALISED:
-                    n, e, d = (c[f"top100_{cat}{w}_{arm}"][i] for w in ("", "_enrichment", "_vs_dtype_null"))
-                    cells.append(f"{f(n)} ({f(e)}x" + (f"; spacing null {f(d)}x)" if d is not None else ")"))
-            lines.append(f"| {model} | {seed} | " + " | ".join(cells) + " |")
+    for model, judged in summary["contrasts"].items():
+        for c, note in ((judged, ""), (judged.get("so_far", {}), " (so far)")):
+            for i, seed in enumerate(c.get("seeds", [])):
+                cells = []
+                for arm in ARMS:
+                    for cat in LOCALISED:
+                        n, e, d = (c[f"top100_{cat}{w}_{arm}"][i] for w in ("", "_enrichment", "_vs_dtype_null"))
+                        cells.append(f"{f(n)} ({f(e)}x" + (f"; spacing null {f(d)}x)" if d is not None else ")"))
+                lines.append(f"| {model} | {seed}{note} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
