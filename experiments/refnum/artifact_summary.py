@@ -141,18 +141,14 @@ def markdown(summary: dict) -> str:
              "below tau, artifact - exact | reference - exact | replica divergence before sync |", "|---|---|---|---|---|---|---|---|---|"]
     f = lambda x: "–" if x is None else f"{x:.4g}"  # noqa: E731
     for model, c in summary["contrasts"].items():
-        for i, seed in enumerate(c["seeds"]):
-            lines.append(f"| {model} | {seed} | {c['updates'][i]} | {f(c['drift_ratio_artifact'][i])} | "
-                         f"{f(c['drift_ratio_reference'][i])} | {f(c['artifact_over_reference'][i])} | "
-                         f"{f(c['below_tau_difference_artifact'][i])} | {f(c['below_tau_difference_reference'][i])} | "
-                         f"{f(c['divergence_before_sync'][i])} |")
-        so_far, missing = c.get("so_far", {}), c.get("waiting_for", [])
+        missing = c.get("waiting_for", [])
         waiting = ("seeds " if len(missing) > 1 else "seed ") + ", ".join(map(str, missing))
-        for i, seed in enumerate(so_far.get("seeds", [])):
-            lines.append(f"| {model} | {seed} | {so_far['updates'][i]}: so far (the tests wait for {waiting}) | "
-                         f"{f(so_far['drift_ratio_artifact'][i])} | {f(so_far['drift_ratio_reference'][i])} | "
-                         f"{f(so_far['artifact_over_reference'][i])} | {f(so_far['below_tau_difference_artifact'][i])} | "
-                         f"{f(so_far['below_tau_difference_reference'][i])} | {f(so_far['divergence_before_sync'][i])} |")
+        for rows, note in ((c, ""), (c.get("so_far", {}), f": so far (the tests wait for {waiting})")):
+            for i, seed in enumerate(rows.get("seeds", [])):
+                lines.append(f"| {model} | {seed} | {rows['updates'][i]}{note} | {f(rows['drift_ratio_artifact'][i])} | "
+                             f"{f(rows['drift_ratio_reference'][i])} | {f(rows['artifact_over_reference'][i])} | "
+                             f"{f(rows['below_tau_difference_artifact'][i])} | "
+                             f"{f(rows['below_tau_difference_reference'][i])} | {f(rows['divergence_before_sync'][i])} |")
         for inc in c["incomplete"]:
             lines.append(f"| {model} | {inc['seed']} | incomplete: {inc['arms']} | | | | | | |")
     lines += ["", "Top 100 |Δ| (a tie at the 100th value split evenly): expected count, enrichment over the parameter "
