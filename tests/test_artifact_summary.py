@@ -93,6 +93,7 @@ def test_writes_only_under_out_without_publish(tmp_path, aws):
     after = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
     assert set(after) - set(before) == {Path("runs/summary.json"), Path("runs/summary.md")}
     assert aws.main([str(tmp_path / "missing")]) == 2
+    assert aws.main([str(out), "--seeds", "0,one"]) == 2  # one line naming the fix, nothing written
 
 
 def test_localisation_per_seed_reads_the_tie_split_and_the_spacing_null(tmp_path, aws):
