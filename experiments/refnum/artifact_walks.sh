@@ -24,8 +24,8 @@
 # chunked in-place arithmetic (2026-12-05; docs/benchmarks.md, "In-place arithmetic") one N = 32 update of the reference
 # (artifact) loop takes ~8 s (~6.5 s plus the replicas' swaps and updates) on SmolLM2 and ~15 s (~11 s) on Gemma alone,
 # so ~5 min + ~30 min + ~30 min per SmolLM2 seed and ~10 min + ~1 h + ~1 h per Gemma seed (before: ~40-50 min per
-# SmolLM2 bf16 arm, measured, and ~2.6 h per Gemma one); magnitude adds 2-6 min per SmolLM2 bf16 walk and
-# 3-4 min per Gemma one (2026-12-05, beside one walk; 20 min in an earlier session).
+# SmolLM2 bf16 arm, measured, and ~2.6 h per Gemma one); magnitude adds 2-6 min and 7.6 GB resident per SmolLM2 bf16
+# walk and 2.5-4 min and 17.2 GB peak per Gemma one (measured 2026-12-05; 20 min in an earlier session).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PY:-.venv/bin/python}
@@ -76,7 +76,7 @@ analyse() {  # analyse NAME: drift, sparsity and localisation of a finished walk
     --multipliers 0.25,0.5,1,2,4,8 --out "$dir"
   [ -f "$dir/localisation.json" ] || "$PY" -m evolm analyze localisation "${args[@]}" --k 100 --out "$dir"
   # the bf16 walks' top 100 against the dtype-spacing null (is a localisation the ulps'?): MAGNITUDE=0 skips it
-  # (about 6 min and 7.6 GB resident per SmolLM2 walk alone; 2.5-4 min and 17.2 GB peak per Gemma walk, measured)
+  # (its cost is in the header)
   case "$name" in *-exact-*) return 0 ;; esac
   [ -f "$dir/magnitude.json" ] || [ "${MAGNITUDE:-1}" = 0 ] || "$PY" -m evolm analyze magnitude "${args[@]}" --k 100 \
     --permutations "${PERMUTATIONS:-10000}" --out "$dir"
